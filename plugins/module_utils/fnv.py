@@ -1,0 +1,2 @@
+"""placeholder"""
+BASIS = 0xCBF29CE484222325
