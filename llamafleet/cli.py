@@ -20,6 +20,7 @@ from .errors import UserError
 # (matplotlib for plots, say) never breaks the others.
 COMMAND_MODULES = (
     "llamafleet.lab.cli",
+    "llamafleet.demo",
     "llamafleet.fleet_cli",
     "llamafleet.bench.cli",
 )

@@ -23,7 +23,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from .net import GATEWAY, SUBNET, LabHost
-from .system import LabError, remove_tree, run
+from .system import LabError, current_mounts, remove_tree, run
 
 SUITE = "bookworm"
 
@@ -36,7 +36,7 @@ IMAGE_PACKAGES: tuple[str, ...] = (
 )
 
 # Bump when the image customisation below changes: it is part of the cache key.
-IMAGE_LAYOUT_VERSION = 1
+IMAGE_LAYOUT_VERSION = 2
 
 OVERLAY_SOURCE = "llamafleet-lab"  # the mount "source" naming our overlays in mountinfo
 
@@ -134,10 +134,14 @@ class DebianMirror:
     security: str | None
 
     @property
-    def hosts(self) -> tuple[str, ...]:
-        """Host names the package proxy may forward to."""
-        names = [urlsplit(u).hostname for u in (self.archive, self.security) if u]
-        return tuple(sorted({n.lower() for n in names if n}))
+    def proxy_allow(self) -> tuple[str, ...]:
+        """The proxy's allow-list: each mirror's host name, with its port when not the scheme's default."""
+        entries = set()
+        for uri in filter(None, (self.archive, self.security)):
+            parts = urlsplit(uri)
+            if parts.hostname:
+                entries.add(parts.hostname.lower() + (f":{parts.port}" if parts.port else ""))
+        return tuple(sorted(entries))
 
     @classmethod
     def from_sources(cls, sources: Sequence[AptSource]) -> DebianMirror:
@@ -212,6 +216,11 @@ def _customise_image(rootfs: Path, suite: str, mirror: DebianMirror) -> None:
     for key in (rootfs / "etc" / "ssh").glob("ssh_host_*"):
         key.unlink()
     (rootfs / "etc" / "machine-id").write_text("", encoding="ascii")
+    # dbus installs its own copy of the build's machine id; make it follow /etc/machine-id as on a fresh install.
+    dbus_id = rootfs / "var" / "lib" / "dbus" / "machine-id"
+    if dbus_id.exists() or dbus_id.is_symlink():
+        dbus_id.unlink()
+        dbus_id.symlink_to("/etc/machine-id")
     (rootfs / "etc" / "hostname").write_text("localhost\n", encoding="ascii")
     # Hosts have no resolver of their own (only the lab network); the controller's
     # resolver, copied in by debootstrap, is not reachable from there.
@@ -282,6 +291,20 @@ def ensure_base_image(
         raise
     progress(f"    base image ready in {time.monotonic() - started:.0f} s ({size / 2**20:.0f} MiB)")
     return image
+
+
+def prune_images(images_dir: Path, keep: str) -> list[str]:
+    """Delete cached base images other than ``keep`` that no host overlay uses; return their keys."""
+    if not images_dir.is_dir():
+        return []
+    in_use = {str(Path(lower).parent.name) for m in current_mounts() if m.source == OVERLAY_SOURCE
+              for lower in (m.option("lowerdir") or "").split(":") if lower}
+    removed = []
+    for entry in sorted(images_dir.iterdir()):
+        if entry.is_dir() and entry.name != keep and entry.name not in in_use:
+            remove_tree(entry)
+            removed.append(entry.name)
+    return removed
 
 
 # --------------------------------------------------------------------------- per-host root

@@ -141,6 +141,14 @@ def parse_rate(rate: str) -> int:
     return int(value)
 
 
+def format_rate(bits: int) -> str:
+    """Bits per second in tc's notation, with the largest unit that keeps it whole (30000000 -> 30mbit)."""
+    for prefix, scale in (("g", 10**9), ("m", 10**6), ("k", 10**3)):
+        if bits % scale == 0:
+            return f"{bits // scale}{prefix}bit"
+    return f"{bits}bit"
+
+
 def tbf_arguments(rate: str) -> list[str]:
     """``tc qdisc replace`` arguments that limit a link to ``rate`` with a token bucket.
 
@@ -160,7 +168,7 @@ def parse_tbf_rate(tc_json: str) -> str | None:
             rate = qdisc.get("options", {}).get("rate")
             if rate is None:
                 return "tbf"
-            return f"{int(rate) * 8 // 1000}kbit" if isinstance(rate, int) else str(rate)
+            return format_rate(int(rate) * 8) if isinstance(rate, int) else str(rate)
     return None
 
 

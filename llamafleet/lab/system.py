@@ -152,6 +152,12 @@ def pid_alive(pid: int) -> bool:
     return state != "Z"
 
 
+def send_signal(pid: int, sig: int) -> None:
+    """Signal ``pid``, ignoring a process that has already gone."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
 def terminate(pids: Iterable[int], *, sig: int = signal.SIGTERM, grace: float = 8.0) -> list[int]:
     """Send ``sig`` to ``pids``, wait up to ``grace`` seconds, then SIGKILL the survivors.
 
@@ -159,15 +165,13 @@ def terminate(pids: Iterable[int], *, sig: int = signal.SIGTERM, grace: float = 
     """
     pending = [p for p in pids if pid_alive(p)]
     for pid in pending:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
+        send_signal(pid, sig)
     deadline = time.monotonic() + grace
     while pending and time.monotonic() < deadline:
         time.sleep(0.1)
         pending = [p for p in pending if pid_alive(p)]
     for pid in pending:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+        send_signal(pid, signal.SIGKILL)
     deadline = time.monotonic() + 5
     while pending and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -185,6 +189,15 @@ class Mount:
     mountpoint: str
     fstype: str
     source: str
+    super_options: str = ""
+
+    def option(self, name: str) -> str | None:
+        """A file-system option such as ``upperdir`` (None if absent)."""
+        for item in self.super_options.split(","):
+            key, _, value = item.partition("=")
+            if key == name:
+                return value
+        return None
 
 
 def _unescape_mountinfo(field: str) -> str:
@@ -202,13 +215,14 @@ def parse_mountinfo(text: str) -> list[Mount]:
         fields, tail = left.split(), right.split()
         if len(fields) < 5 or len(tail) < 2:
             continue
-        mounts.append(Mount(_unescape_mountinfo(fields[4]), tail[0], _unescape_mountinfo(tail[1])))
+        options = tail[2] if len(tail) > 2 else ""
+        mounts.append(Mount(_unescape_mountinfo(fields[4]), tail[0], _unescape_mountinfo(tail[1]), options))
     return mounts
 
 
-def current_mounts() -> list[Mount]:
-    """The mounts of this process's mount namespace."""
-    return parse_mountinfo(Path("/proc/self/mountinfo").read_text(encoding="utf-8"))
+def current_mounts(pid: int | str = "self") -> list[Mount]:
+    """The mounts of this process's (or ``pid``'s) mount namespace."""
+    return parse_mountinfo(Path(f"/proc/{pid}/mountinfo").read_text(encoding="utf-8"))
 
 
 def mounts_under(path: Path) -> list[Mount]:

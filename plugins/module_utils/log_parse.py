@@ -1,0 +1,177 @@
+# -*- coding: utf-8 -*-
+# Copyright: llamafleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Read where llama-server put the model, from its load log.
+
+What llama-server (commit 0c1e570) prints, and at which ``-lv`` verbosity:
+
+* ``-lv 3`` (info) and up::
+
+    llama_prepare_model_devices: using device RPC0 (10.77.0.11:50052) (unknown id) - 24105 MiB free
+    load_tensors: offloaded 19/19 layers to GPU
+    load_tensors: RPC0[10.77.0.11:50052] model buffer size =    39.63 MiB
+    llama_kv_cache: RPC0[10.77.0.11:50052] KV buffer size =     4.00 MiB
+    sched_reserve: RPC0[10.77.0.11:50052] compute buffer size =    33.57 MiB
+
+  (The default server verbosity prints none of them.) ``RPC<n>`` in
+  ``using device`` is the device's model-wide name; in the buffer lines it is
+  the device's index *on that rpc-server*, with the endpoint in brackets.
+
+* ``-lv 5`` (debug) also prints one line per layer (src/llama-model.cpp)::
+
+    load_tensors: layer   7 assigned to device RPC1, is_swa = 1
+
+  layer ``n_layer`` is the output layer.
+
+Lines may carry a timestamp/level prefix (``0.00.121.005 I ``) or a journal
+prefix; the parser looks for the messages anywhere in a line. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping, Sequence
+
+_USING_DEVICE = re.compile(
+    r"using device (?P<name>\S+) \((?P<desc>.*?)\) \((?P<id>[^)]*)\) - (?P<free>\d+) MiB free")
+_LAYER = re.compile(r"load_tensors: layer +(?P<il>\d+) assigned to device (?P<dev>[^,\s]+)(?:, is_swa = (?P<swa>\d))?")
+_OFFLOADED = re.compile(r"load_tensors: offloaded (?P<n>\d+)/(?P<m>\d+) layers to GPU")
+_BUFFER = re.compile(
+    r"(?P<who>load_tensors|llama_kv_cache|sched_reserve|llama_context):\s+(?P<buf>\S+)\s+"
+    r"(?P<kind>model|KV|compute|output) buffer size =\s+(?P<mib>[0-9.]+) MiB")
+_BUFFER_KINDS = {"model": "model", "KV": "kv", "compute": "compute", "output": "output"}
+_RPC_BUFFER = re.compile(r"^RPC(?P<local>\d+)\[(?P<endpoint>[^\]]+)\]$")
+_LOAD_MODE = re.compile(r"load_tensors: loading model tensors.*\(load_mode = (?P<mode>[^)]+)\)")
+
+
+def parse_load_log(text: str) -> dict[str, Any]:
+    """Parse a llama-server load log.
+
+    Returns::
+
+        {
+          "devices": [{"name": "RPC0", "description": "10.77.0.11:50052", "free_mib": 24105,
+                       "endpoint": "10.77.0.11:50052" | None}, ...],   # model device order
+          "layers": {0: "RPC0", ..., 18: "RPC2"} | {},   # only with -lv 5
+          "offloaded": [19, 19] | None,
+          "buffers": {"model": {"RPC0[10.77.0.11:50052]": 39.63, "CPU_Mapped": 170.0},
+                      "kv": {...}, "compute": {...}, "output": {...}},
+          "load_mode": "mmap" | None,
+        }
+
+    KV buffers are summed per buffer name (a model with sliding-window layers
+    has two KV caches). Only the first model load in the log is read.
+    """
+    devices: list[dict[str, Any]] = []
+    layers: dict[int, str] = {}
+    buffers: dict[str, dict[str, float]] = {"model": {}, "kv": {}, "compute": {}, "output": {}}
+    offloaded = None
+    load_mode = None
+    seen_names: set[str] = set()
+    for line in text.splitlines():
+        match = _USING_DEVICE.search(line)
+        if match:
+            name = match.group("name")
+            if name in seen_names:
+                continue
+            seen_names.add(name)
+            desc = match.group("desc")
+            devices.append({
+                "name": name,
+                "description": desc,
+                "free_mib": int(match.group("free")),
+                "endpoint": desc if name.startswith("RPC") else None,
+            })
+            continue
+        match = _LAYER.search(line)
+        if match:
+            layers.setdefault(int(match.group("il")), match.group("dev"))
+            continue
+        match = _OFFLOADED.search(line)
+        if match and offloaded is None:
+            offloaded = [int(match.group("n")), int(match.group("m"))]
+            continue
+        match = _LOAD_MODE.search(line)
+        if match and load_mode is None:
+            load_mode = match.group("mode")
+            continue
+        match = _BUFFER.search(line)
+        if match:
+            kind = _BUFFER_KINDS[match.group("kind")]
+            table = buffers[kind]
+            table[match.group("buf")] = round(table.get(match.group("buf"), 0.0) + float(match.group("mib")), 2)
+    return {"devices": devices, "layers": layers, "offloaded": offloaded, "buffers": buffers,
+            "load_mode": load_mode}
+
+
+def device_for_buffer(buffer_name: str, devices: Sequence[Mapping[str, Any]]) -> str | None:
+    """Model device name for a buffer name: ``RPC1[10.0.0.3:50052]`` -> the 2nd device of that endpoint.
+
+    Local buffers are named like their device (``CUDA0``); CPU buffers
+    (``CPU``, ``CPU_Mapped``) map to None.
+    """
+    match = _RPC_BUFFER.match(buffer_name)
+    if match:
+        on_endpoint = [d["name"] for d in devices if d.get("endpoint") == match.group("endpoint")]
+        index = int(match.group("local"))
+        return on_endpoint[index] if index < len(on_endpoint) else None
+    for dev in devices:
+        if dev["name"] == buffer_name:
+            return dev["name"]
+    return None
+
+
+def layer_counts(parsed: Mapping[str, Any]) -> list[int]:
+    """Units (layers + output) per model device, in device order, from the ``-lv 5`` layer lines.
+
+    Units the log assigns to the CPU are not counted. Raises ValueError if
+    the log has no per-layer lines (it was written below ``-lv 5``).
+    """
+    if not parsed["layers"]:
+        raise ValueError("the log has no 'layer N assigned to device' lines: run llama-server with -lv 5")
+    names = [d["name"] for d in parsed["devices"]]
+    counts = [0] * len(names)
+    for _, dev in sorted(parsed["layers"].items()):
+        if dev in names:
+            counts[names.index(dev)] += 1
+    return counts
+
+
+def layer_ranges(parsed: Mapping[str, Any]) -> dict[str, list[int]]:
+    """Device name -> the sorted unit indices it holds (``-lv 5`` logs)."""
+    result: dict[str, list[int]] = {}
+    for il, dev in sorted(parsed["layers"].items()):
+        result.setdefault(dev, []).append(il)
+    return result
+
+
+def buffers_by_device(parsed: Mapping[str, Any], kind: str = "model") -> dict[str, float]:
+    """Buffer sizes (MiB) of one kind keyed by model device name (``RPC2``, ``CUDA0``); CPU buffers under ``CPU``."""
+    result: dict[str, float] = {}
+    for buffer_name, mib in parsed["buffers"][kind].items():
+        name = device_for_buffer(buffer_name, parsed["devices"]) or "CPU"
+        result[name] = round(result.get(name, 0.0) + mib, 2)
+    return result
+
+
+def compare_with_plan(plan: Mapping[str, Any], parsed: Mapping[str, Any]) -> list[str]:
+    """Differences between a split plan and what llama.cpp did; empty when they agree.
+
+    Compares the device order and names, and, when the log has them, the
+    units per device (``-lv 5``) or else the ``offloaded N/M`` total.
+    """
+    problems = []
+    logged = [(d["name"], d["endpoint"]) for d in parsed["devices"]]
+    planned = [(d["name"], d.get("endpoint")) for d in plan["devices"]]
+    if logged != planned:
+        problems.append("device order: plan %s, llama.cpp %s" % (planned, logged))
+        return problems
+    if parsed["layers"]:
+        counts = layer_counts(parsed)
+        want = [d["layers"]["count"] for d in plan["devices"]]
+        if counts != want:
+            problems.append("units per device: plan %s, llama.cpp %s" % (want, counts))
+    if parsed["offloaded"] is not None and parsed["offloaded"][0] != plan["ngl"]:
+        problems.append("offloaded layers: plan %d, llama.cpp %d/%d"
+                        % (plan["ngl"], parsed["offloaded"][0], parsed["offloaded"][1]))
+    return problems

@@ -1,0 +1,186 @@
+# -*- coding: utf-8 -*-
+# Copyright: llamafleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A minimal client for the HELLO handshake of llama.cpp's RPC protocol.
+
+Framing, as ggml/src/ggml-rpc/ggml-rpc.cpp defines it (all integers little-endian):
+
+- request: ``u8 command | u64 payload size | payload``
+- response: ``u64 payload size | payload``
+
+The first command on every connection must be HELLO (command 14). In protocol
+7 its payload is 24 bytes of transport capabilities (all zero: plain TCP) and
+the answer is ``u8 major | u8 minor | u8 patch | u8 padding | 24 bytes of
+capabilities``. Older servers (protocol 2 to 6) take an empty HELLO payload and
+answer just the three version bytes; a server closes the connection without a
+word when the request size is not the one it expects, so a silent close is
+retried once in the old form.
+
+rpc-server serves ONE client at a time (listen backlog 1) and aborts a client
+that talks nonsense, so a probe connects, says HELLO, reads the answer and
+closes at once. While a llama-server holds the connection, a probe waits in the
+backlog and times out: that is reported as such, not as a dead server.
+
+Stdlib only (module_utils shared with the ``llamafleet`` library as ``llamafleet.core.rpc_proto``).
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+RPC_CMD_HELLO = 14
+HELLO_CAPS_SIZE = 24
+DEFAULT_PORT = 50052
+# No HELLO answer is anywhere near this; a bigger size means the peer is not an rpc-server.
+_MAX_HELLO_RESPONSE = 4096
+
+
+class RPCError(Exception):
+    """A HELLO probe failed. ``endpoint`` is ``host:port``."""
+
+    def __init__(self, endpoint: str, message: str) -> None:
+        super().__init__("%s: %s" % (endpoint, message))
+        self.endpoint = endpoint
+        self.reason = message
+
+
+class RPCConnectError(RPCError):
+    """No connection: refused, unreachable, or the name does not resolve."""
+
+
+class RPCTimeout(RPCError):
+    """No connection or no answer in time (the server may be busy with another client)."""
+
+
+class RPCProtocolError(RPCError):
+    """The peer answered, but not as a llama.cpp rpc-server would."""
+
+
+class RPCClosed(RPCProtocolError):
+    """The peer closed the connection without answering HELLO (wrong protocol, or shutting down)."""
+
+
+@dataclass(frozen=True)
+class HelloResult:
+    """Outcome of wait_for_hello."""
+
+    version: tuple[int, int, int]
+    attempts: int
+    elapsed: float
+
+
+def format_endpoint(host: str, port: int) -> str:
+    """``host:port``, with IPv6 literals in brackets."""
+    return "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
+
+
+def hello_request(caps_size: int = HELLO_CAPS_SIZE) -> bytes:
+    """The HELLO command as sent on the wire; ``caps_size=0`` gives the pre-7 form."""
+    return struct.pack("<BQ", RPC_CMD_HELLO, caps_size) + bytes(caps_size)
+
+
+def parse_hello_payload(endpoint: str, payload: bytes) -> tuple[int, int, int]:
+    """(major, minor, patch) from a HELLO answer's payload."""
+    if len(payload) < 3:
+        raise RPCProtocolError(endpoint, "HELLO answer of %d bytes is too short to hold a version" % len(payload))
+    return payload[0], payload[1], payload[2]
+
+
+def _recv_exactly(sock: socket.socket, count: int, endpoint: str, got_so_far: bytes = b"") -> bytes:
+    data = bytearray(got_so_far)
+    while len(data) < count:
+        chunk = sock.recv(count - len(data))
+        if not chunk:
+            if not data:
+                raise RPCClosed(endpoint, "closed the connection without answering HELLO")
+            raise RPCProtocolError(endpoint, "connection closed in the middle of the HELLO answer (after %r)"
+                                   % bytes(data[:16]))
+        data += chunk
+    return bytes(data)
+
+
+def _exchange(host: str, port: int, timeout: float, caps_size: int) -> tuple[int, int, int]:
+    endpoint = format_endpoint(host, port)
+    deadline = time.monotonic() + timeout
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except socket.timeout:
+        raise RPCTimeout(endpoint, "no TCP connection within %.1fs (host down or traffic dropped?)" % timeout) from None
+    except ConnectionRefusedError:
+        raise RPCConnectError(endpoint, "connection refused: nothing listens there") from None
+    except socket.gaierror as exc:
+        raise RPCConnectError(endpoint, "cannot resolve host: %s" % exc.strerror) from None
+    except OSError as exc:
+        raise RPCConnectError(endpoint, "cannot connect: %s" % (exc.strerror or exc)) from None
+    try:
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        sock.sendall(hello_request(caps_size))
+        header = _recv_exactly(sock, 8, endpoint)
+        (size,) = struct.unpack("<Q", header)
+        if size > _MAX_HELLO_RESPONSE:
+            raise RPCProtocolError(endpoint, "answered %r, which is not an RPC HELLO answer: "
+                                   "is this port a llama.cpp rpc-server?" % header)
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        return parse_hello_payload(endpoint, _recv_exactly(sock, size, endpoint))
+    except socket.timeout:
+        raise RPCTimeout(endpoint, "connected, but no HELLO answer within %.1fs: rpc-server serves one client "
+                         "at a time, so a connected llama-server (or a hung server) keeps probes waiting"
+                         % timeout) from None
+    except ConnectionResetError:
+        raise RPCClosed(endpoint, "reset the connection without answering HELLO") from None
+    except OSError as exc:
+        raise RPCConnectError(endpoint, "connection failed during HELLO: %s" % (exc.strerror or exc)) from None
+    finally:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        sock.close()
+
+
+def rpc_hello(host: str, port: int = DEFAULT_PORT, timeout: float = 5.0) -> tuple[int, int, int]:
+    """Connect, say HELLO, return the server's RPC protocol version (major, minor, patch), close.
+
+    :raises RPCConnectError: refused, unreachable, unresolvable.
+    :raises RPCTimeout: no connection or no answer within ``timeout`` seconds.
+    :raises RPCClosed: the peer hung up without answering (wrong protocol, or shutting down).
+    :raises RPCProtocolError: the peer answered something that is not a HELLO answer.
+    """
+    try:
+        return _exchange(host, port, timeout, HELLO_CAPS_SIZE)
+    except RPCClosed as first:
+        # Servers before protocol 7 expect an empty HELLO and hang up on anything else.
+        try:
+            return _exchange(host, port, timeout, 0)
+        except RPCClosed:
+            raise RPCClosed(first.endpoint, "%s (tried the protocol 7 and the older HELLO): not a llama.cpp "
+                            "rpc-server, or one whose protocol this client does not know" % first.reason) from None
+
+
+def wait_for_hello(host: str, port: int = DEFAULT_PORT, timeout: float = 30.0, interval: float = 1.0,
+                   attempt_timeout: float = 5.0, clock: Callable[[], float] = time.monotonic,
+                   sleep: Callable[[float], None] = time.sleep) -> HelloResult:
+    """Probe with rpc_hello until the server answers or ``timeout`` seconds have passed.
+
+    Refused connections, timeouts and silent hang-ups are retried every
+    ``interval`` seconds; a peer that answers something else than a HELLO
+    answer fails at once. The last
+    error is raised, with the number of attempts in its message.
+    """
+    start = clock()
+    attempts = 0
+    while True:
+        attempts += 1
+        remaining = timeout - (clock() - start)
+        try:
+            version = rpc_hello(host, port, max(0.1, min(attempt_timeout, remaining)))
+            return HelloResult(version, attempts, clock() - start)
+        except (RPCConnectError, RPCTimeout, RPCClosed) as exc:
+            if clock() - start + interval >= timeout:
+                raise type(exc)(exc.endpoint, "%s (gave up after %d attempt%s in %.0fs)"
+                                % (exc.reason, attempts, "" if attempts == 1 else "s", clock() - start)) from None
+        sleep(interval)

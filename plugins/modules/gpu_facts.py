@@ -1,0 +1,253 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: llamafleet maintainers
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_facts
+short_description: Detect a host's GPUs and memory for llama.cpp split planning
+version_added: "0.1.0"
+description:
+  - Runs the device tools the host has (C(nvidia-smi), C(amd-smi) or C(rocm-smi), C(vulkaninfo),
+    C(sysctl) on macOS) and reads C(/proc/meminfo), and returns one device list with total and
+    free memory in MiB.
+  - A missing tool is not an error (the host simply has no such GPU). A tool that fails or prints
+    something unreadable is reported in RV(errors) and as a warning, or fails the task with O(strict).
+  - Inventory overrides win over detected figures, for hosts whose tools report nothing useful
+    (unified-memory GPUs) or whose memory must be capped (shared hosts, lab containers).
+  - With O(rpc_server), the built rpc-server binary itself lists the devices it would serve, which is
+    exactly what llama-server will see through RPC.
+author: llamafleet maintainers
+options:
+  backends:
+    description:
+      - Which backends to probe. V(auto) probes C(cuda), C(rocm), C(vulkan) and C(cpu) on Linux,
+        C(metal) and C(cpu) on macOS.
+    type: list
+    elements: str
+    default: [auto]
+  overrides:
+    description:
+      - Figures that replace or limit detected ones. Later entries win.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      match:
+        description:
+          - Which devices the entry applies to. V(all) or V(*); a backend (V(cuda), V(cpu));
+            V(backend:index) (V(cuda:1)); an index (any backend); a llama.cpp device name (V(CUDA1));
+            or a case-insensitive glob on the device name (V(*4090*)).
+        type: raw
+        required: true
+      total_mib:
+        description: Total memory of the device, MiB.
+        type: int
+      free_mib:
+        description: Free memory of the device, MiB.
+        type: int
+      reserve_mib:
+        description: Memory to leave unused on the device, MiB.
+        type: int
+      max_mib:
+        description: The most the split planner may use on the device, MiB.
+        type: int
+  cpu_reserve_mib:
+    description: Default reserve for CPU devices (room for the OS and other services), MiB.
+    type: int
+    default: 1024
+  rpc_server:
+    description:
+      - Path to the host's built rpc-server. When given, it lists llama.cpp's own view of the devices
+        (its C(-d) option with a name that does not exist makes it print them and exit without
+        binding a port), and RV(rpc_devices) follows that.
+    type: path
+  strict:
+    description: Fail the task when a tool fails or prints unreadable output.
+    type: bool
+    default: false
+attributes:
+  check_mode:
+    support: full
+    details: Read-only; runs the same probes in check mode.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+notes:
+  - On Apple silicon the Metal working-set size is estimated from C(hw.memsize) (two thirds up to
+    32 GiB, three quarters above, or C(iogpu.wired_limit_mb) when set); O(rpc_server) gives the exact figure.
+  - llama.cpp's CPU device reports the machine's total RAM as free. The CPU entry here uses
+    C(MemAvailable) instead.
+"""
+
+EXAMPLES = r"""
+- name: Detect devices
+  llamafleet.cluster.gpu_facts:
+
+- name: Detect, capping a lab host's CPU device at 2 GiB and keeping 1 GiB free on GPU 0
+  llamafleet.cluster.gpu_facts:
+    rpc_server: /opt/llamafleet/llama.cpp/bin/ggml-rpc-server
+    overrides:
+      - match: cpu
+        max_mib: 2048
+      - match: "cuda:0"
+        reserve_mib: 1024
+
+- name: Show what the planner will get
+  ansible.builtin.debug:
+    var: ansible_facts.llamafleet_rpc_devices
+"""
+
+RETURN = r"""
+devices:
+  description: Every detected device after overrides. Figures in MiB; C(total_mib)/C(free_mib) may be null
+    when a tool cannot tell (then give an override).
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - {backend: cuda, index: 0, name: NVIDIA GeForce RTX 4090, total_mib: 24564, free_mib: 24108,
+       integrated: false, source: nvidia-smi, reserve_mib: 0, overridden: []}
+    - {backend: cpu, index: 0, name: AMD EPYC, total_mib: 24105, free_mib: 23235, integrated: false,
+       source: /proc/meminfo, reserve_mib: 1024, overridden: []}
+rpc_devices:
+  description: The devices an rpc-server on this host serves, in its order (the GPUs of RV(backend), else the CPU).
+  returned: always
+  type: list
+  elements: dict
+backend:
+  description: The GPU backend to build for (V(cuda), V(rocm), V(metal), V(vulkan)), or V(cpu).
+  returned: always
+  type: str
+  sample: cuda
+tools:
+  description: Each probed tool and what happened (V(ok), V(missing), V(failed), V(unparsed)).
+  returned: always
+  type: dict
+  sample: {nvidia-smi: ok, amd-smi: missing, rocm-smi: missing, vulkaninfo: missing}
+errors:
+  description: Tools that failed or printed output this module could not read.
+  returned: always
+  type: list
+  elements: str
+ansible_facts:
+  description: The same lists as facts.
+  returned: always
+  type: dict
+  contains:
+    llamafleet_devices:
+      description: Same as RV(devices).
+      type: list
+      elements: dict
+    llamafleet_rpc_devices:
+      description: Same as RV(rpc_devices).
+      type: list
+      elements: dict
+    llamafleet_gpu_backend:
+      description: Same as RV(backend).
+      type: str
+"""
+
+import os
+import platform
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_parsers import (
+    ParseError,
+    apply_overrides,
+    collect_devices,
+    _override_matches,
+)
+
+PROBE_TIMEOUT_S = 60
+
+
+def run_module(module: AnsibleModule) -> dict:
+    params = module.params
+    timeout_bin = module.get_bin_path("timeout")
+
+    def run(argv: list) -> tuple:
+        if timeout_bin:
+            argv = [timeout_bin, str(PROBE_TIMEOUT_S)] + list(argv)
+        rc, out, err = module.run_command(argv, environ_update={"LC_ALL": "C"})
+        if timeout_bin and rc == 124:
+            err = "timed out after %d s" % PROBE_TIMEOUT_S
+        return rc, out, err
+
+    def which(name: str):
+        return module.get_bin_path(name)
+
+    def read_text(path: str):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                return handle.read()
+        except OSError:
+            return None
+
+    if params["rpc_server"] and not os.access(params["rpc_server"], os.X_OK):
+        module.fail_json(msg="rpc_server %s is not an executable file" % params["rpc_server"])
+    try:
+        found = collect_devices(run, which, read_text, system=platform.system(),
+                                backends=params["backends"], rpc_server=params["rpc_server"])
+        overrides = [{k: v for k, v in o.items() if v is not None} for o in params["overrides"]]
+        devices = apply_overrides(found["devices"], overrides, params["cpu_reserve_mib"], require_match=False)
+        rpc_devices = apply_overrides(found["rpc_devices"], overrides, params["cpu_reserve_mib"], require_match=False)
+    except ParseError as exc:
+        module.fail_json(msg=str(exc))
+    for position, override in enumerate(overrides):
+        if not any(_override_matches(override["match"], d) for d in devices + rpc_devices):
+            module.fail_json(msg="overrides[%d] match %r selects none of this host's devices: %s"
+                             % (position, override["match"],
+                                ", ".join("%s:%s %s" % (d["backend"], d["index"], d["name"]) for d in devices)
+                                or "(none detected)"))
+    if found["errors"] and params["strict"]:
+        module.fail_json(msg="device probes failed: " + "; ".join(found["errors"]), errors=found["errors"],
+                         tools=found["tools"])
+    for message in found["errors"] + found["warnings"]:
+        module.warn(message)
+    return {
+        "changed": False,
+        "devices": devices,
+        "rpc_devices": rpc_devices,
+        "backend": found["backend"],
+        "tools": found["tools"],
+        "errors": found["errors"],
+        "ansible_facts": {
+            "llamafleet_devices": devices,
+            "llamafleet_rpc_devices": rpc_devices,
+            "llamafleet_gpu_backend": found["backend"],
+        },
+    }
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            backends=dict(type="list", elements="str", default=["auto"]),
+            overrides=dict(
+                type="list",
+                elements="dict",
+                default=[],
+                options=dict(
+                    match=dict(type="raw", required=True),
+                    total_mib=dict(type="int"),
+                    free_mib=dict(type="int"),
+                    reserve_mib=dict(type="int"),
+                    max_mib=dict(type="int"),
+                ),
+            ),
+            cpu_reserve_mib=dict(type="int", default=1024),
+            rpc_server=dict(type="path"),
+            strict=dict(type="bool", default=False),
+        ),
+        supports_check_mode=True,
+    )
+    module.exit_json(**run_module(module))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""deploy.yml end to end on real lab hosts: bare hosts -> one serving cluster.
+
+The tests run in file order against one lab: the first deploy, a completion,
+layers on every RPC device as planned, idempotence, check mode, a change that
+restarts only the orchestrator, and bad input that fails before any change.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llamafleet.cluster import Endpoint, read_plan, server_log
+from llamafleet.core.log_parse import layer_ranges, parse_load_log
+from tests.helpers import playbook
+
+UNITS = {
+    "orchestrator": "llamafleet-llama-server.service",
+    "worker": "llamafleet-rpc-server.service",
+}
+
+
+def main_pids(fleet) -> dict[str, str]:
+    """MainPID and start timestamp of the cluster's units on every host."""
+    pids = {}
+    for name, res in fleet.run(
+        "for u in llamafleet-llama-server.service llamafleet-rpc-server.service; do "
+        "systemctl show -p MainPID,ExecMainStartTimestampMonotonic --value $u 2>/dev/null | tr '\\n' ' '; echo; done"
+    ).items():
+        assert res.ok, f"{name}: {res.error or res.stderr}"
+        pids[name] = res.stdout.strip()
+    return pids
+
+
+def test_first_deploy_serves(deployed, fleet):
+    assert deployed.failed == 0
+    endpoint = Endpoint.of(fleet)
+    endpoint.wait_healthy(timeout=120)
+    answer = endpoint.complete("The capital of France is", n_predict=16)
+    assert answer["content"].strip(), answer
+    assert answer["timings"]["predicted_n"] == 16
+    # OpenAI-compatible route too
+    oai = endpoint.request("/v1/completions", {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})
+    assert oai["choices"][0]["text"].strip(), oai
+
+
+def test_llamacpp_compiled_once(deployed, fleet):
+    """A 3-host CPU lab is one build group: one build id everywhere, built by exactly one host."""
+    infos = fleet.run("cat /opt/llamafleet/llama.cpp/current/BUILDINFO.json")
+    records = {h: json.loads(r.stdout) for h, r in infos.items() if r.ok}
+    assert len(records) == 3, infos
+    assert len({r["build_id"] for r in records.values()}) == 1
+    assert len({r["builder"] for r in records.values()}) == 1
+
+
+def test_layers_on_every_rpc_device_as_planned(deployed, fleet):
+    plan = read_plan(fleet)
+    parsed = parse_load_log(server_log(fleet))
+    seen = layer_ranges(parsed)
+    rpc_devices = [d for d in plan["devices"] if d["name"].startswith("RPC")]
+    assert len(rpc_devices) == len(fleet.workers)
+    for dev in rpc_devices:
+        got = seen.get(dev["name"], [])
+        assert got, f"{dev['name']} ({dev.get('endpoint')}) holds no layers; llama.cpp log: {parsed}"
+        assert abs(len(got) - dev["layers"]["count"]) <= 1, (dev, got)
+
+
+def test_second_run_changes_nothing_and_restarts_nothing(deployed, fleet):
+    before = main_pids(fleet)
+    run = playbook("deploy.yml")
+    assert run.rc == 0, run.output[-6000:]
+    assert run.changed == 0, run.output[-6000:]
+    assert main_pids(fleet) == before
+
+
+def test_check_diff_on_converged_fleet_reports_no_change(deployed, fleet):
+    run = playbook("deploy.yml", "--check", "--diff")
+    assert run.rc == 0, run.output[-6000:]
+    assert run.changed == 0, run.output[-6000:]
+
+
+def test_context_change_restarts_only_the_orchestrator(deployed, fleet):
+    before = main_pids(fleet)
+    orch = fleet.orchestrator.name
+    try:
+        run = playbook("deploy.yml", "-e", "llama_server_ctx_size=1024")
+        assert run.rc == 0, run.output[-6000:]
+        after = main_pids(fleet)
+        assert after[orch].split()[0:2] != before[orch].split()[0:2]
+        for worker in fleet.workers:
+            assert after[worker.name] == before[worker.name], worker.name
+        Endpoint.of(fleet).wait_healthy(timeout=120)
+    finally:
+        restore = playbook("deploy.yml")
+        assert restore.rc == 0, restore.output[-6000:]
+
+
+BAD_INPUT = [
+    pytest.param(["-e", "llamacpp_build_backend=tpu"], "llamacpp_build_backend", id="unknown-backend"),
+    pytest.param(["-e", '{"model_files": [{"url": "http://10.77.0.1:8089/models/gemma-3-270m-q4_k_m.gguf", "sha256": "abc"}]}'],
+                 "model_files", id="malformed-sha256"),
+    pytest.param(["-e", "model_name=other", "-e",
+                  '{"model_files": [{"url": "http://10.77.0.1:8089/models/gemma-3-270m-q4_k_m.gguf", "sha256": "'
+                  + "0" * 64 + '"}]}'], "sha256 mismatch", id="wrong-sha256"),
+    pytest.param(["-e", "llamacpp_build_archive_url=http://10.77.0.1:8089/src/missing.tar.gz"],
+                 "llamacpp_build_archive_url", id="unreachable-source"),
+    pytest.param(["-e", "model_name=other", "-e", "model_free_margin_mib=100000000"], "GiB free", id="too-little-disk"),
+    pytest.param(["-e", "llama_server_port=22"], "llama_server_port 22 is already taken", id="port-taken"),
+]
+
+
+@pytest.mark.parametrize(("extra", "expected"), BAD_INPUT)
+def test_bad_input_fails_before_any_change(deployed, fleet, extra, expected):
+    before = main_pids(fleet)
+    units_before = fleet.run("sha256sum /etc/systemd/system/llamafleet-*.service")
+    run = playbook("deploy.yml", *extra)
+    assert run.rc != 0, run.output[-4000:]
+    assert expected in run.output, run.output[-4000:]
+    assert run.changed == 0, run.output[-4000:]
+    assert main_pids(fleet) == before
+    units_after = fleet.run("sha256sum /etc/systemd/system/llamafleet-*.service")
+    assert {h: r.stdout for h, r in units_after.items()} == {h: r.stdout for h, r in units_before.items()}
+    Endpoint.of(fleet).wait_healthy(timeout=30)

@@ -1,0 +1,71 @@
+"""Shared helpers for the tests that drive real hosts: the CLI, ansible-playbook and the recap."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+INVENTORY = REPO / "inventories" / "lab" / "hosts.ini"
+BIN = Path(sys.executable).parent
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["ANSIBLE_CONFIG"] = str(REPO / "ansible.cfg")
+    e["PATH"] = f"{BIN}:{e.get('PATH', '')}"
+    e.setdefault("ANSIBLE_FORCE_COLOR", "0")
+    e["ANSIBLE_NOCOLOR"] = "1"
+    return e
+
+
+def cli(*args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [str(BIN / "llamafleet"), *args], cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"llamafleet {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@dataclass
+class PlaybookRun:
+    rc: int
+    output: str
+    recap: dict[str, dict[str, int]]
+
+    @property
+    def changed(self) -> int:
+        return sum(h.get("changed", 0) for h in self.recap.values())
+
+    @property
+    def failed(self) -> int:
+        return sum(h.get("failed", 0) + h.get("unreachable", 0) for h in self.recap.values())
+
+
+RECAP_LINE = re.compile(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$")
+
+
+def parse_recap(output: str) -> dict[str, dict[str, int]]:
+    recap: dict[str, dict[str, int]] = {}
+    in_recap = False
+    for line in output.splitlines():
+        if line.startswith("PLAY RECAP"):
+            in_recap = True
+            continue
+        if in_recap:
+            m = RECAP_LINE.match(line.strip())
+            if m:
+                recap[m.group(1)] = {k: int(v) for k, v in (kv.split("=") for kv in m.group(2).split())}
+    return recap
+
+
+def playbook(name: str, *args: str, timeout: float = 3600) -> PlaybookRun:
+    cmd = [str(BIN / "ansible-playbook"), "-i", str(INVENTORY), str(REPO / "playbooks" / name), *args]
+    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
+    out = proc.stdout + proc.stderr
+    return PlaybookRun(proc.returncode, out, parse_recap(proc.stdout))

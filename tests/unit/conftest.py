@@ -1,0 +1,58 @@
+"""Unit-test plumbing: the collection import path, and a tiny GGUF writer for test files.
+
+Modules and module_utils import each other as
+``ansible_collections.llamafleet.cluster.plugins...``; ``make collection`` links
+the checkout at .build/collections/ansible_collections/llamafleet/cluster, and
+this conftest does the same when the link is missing, then puts
+.build/collections on sys.path.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+COLLECTIONS = REPO / ".build" / "collections"
+_LINK = COLLECTIONS / "ansible_collections" / "llamafleet" / "cluster"
+
+if not _LINK.exists():
+    _LINK.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _LINK.symlink_to(REPO, target_is_directory=True)
+    except FileExistsError:  # another test process made it first
+        pass
+for _entry in (str(COLLECTIONS), str(Path(__file__).resolve().parent)):
+    if _entry not in sys.path:
+        sys.path.insert(0, _entry)
+
+
+from gguf_testfile import write_gguf  # noqa: E402  (tests/unit is on sys.path, see above)
+
+
+@pytest.fixture
+def make_gguf(tmp_path: Path) -> Callable[..., Path]:
+    """Factory: make_gguf(name, metadata, tensors, **options) writes tmp_path/name."""
+
+    def make(name: str, metadata: dict[str, Any], tensors: Sequence[Any] = (), **options: Any) -> Path:
+        return write_gguf(tmp_path / name, metadata, tensors, **options)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def fnv_helper(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The llamafleet-fnv1a64 helper compiled from the role's source (skips without a C compiler)."""
+    import shutil
+    import subprocess
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build llamafleet-fnv1a64")
+    out = tmp_path_factory.mktemp("fnv") / "llamafleet-fnv1a64"
+    source = REPO / "roles" / "llamacpp_build" / "files" / "llamafleet-fnv1a64.c"
+    subprocess.run([compiler, "-O2", "-Wall", "-Werror", "-pthread", "-o", str(out), str(source)], check=True)
+    return str(out)

@@ -1,0 +1,226 @@
+"""RPC HELLO client against small fake servers that behave like rpc-server (and like things that are not)."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from typing import Callable, Iterator
+
+import pytest
+
+from ansible_collections.llamafleet.cluster.plugins.module_utils import rpc_proto
+from ansible_collections.llamafleet.cluster.plugins.module_utils.rpc_proto import (
+    HelloResult,
+    RPCClosed,
+    RPCConnectError,
+    RPCProtocolError,
+    RPCTimeout,
+    format_endpoint,
+    hello_request,
+    rpc_hello,
+    wait_for_hello,
+)
+
+
+def test_hello_request_bytes() -> None:
+    # | cmd 14 | u64 LE size 24 | 24 zero bytes of transport caps |
+    assert hello_request() == b"\x0e" + b"\x18" + b"\x00" * 7 + b"\x00" * 24
+    assert hello_request(0) == b"\x0e" + b"\x00" * 8
+
+
+@pytest.mark.parametrize(("host", "port", "text"), [("10.0.0.1", 50052, "10.0.0.1:50052"), ("::1", 1, "[::1]:1")])
+def test_format_endpoint(host: str, port: int, text: str) -> None:
+    assert format_endpoint(host, port) == text
+
+
+def _recv(conn: socket.socket, count: int) -> bytes:
+    data = b""
+    while len(data) < count:
+        chunk = conn.recv(count - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def v7_server(conn: socket.socket) -> None:
+    """Protocol 7: check the request exactly as rpc_serve_client does, answer 7.0.0 and zero caps."""
+    head = _recv(conn, 9)
+    if head[0] != 14 or struct.unpack("<Q", head[1:])[0] != 24:
+        return
+    _recv(conn, 24)
+    conn.sendall(struct.pack("<Q", 28) + bytes([7, 0, 0, 0]) + bytes(24))
+
+
+def legacy_server(conn: socket.socket) -> None:
+    """Protocol 3: HELLO with an empty payload, three version bytes back; hang up on anything else."""
+    head = _recv(conn, 9)
+    if head[0] != 14 or struct.unpack("<Q", head[1:])[0] != 0:
+        return
+    conn.sendall(struct.pack("<Q", 3) + bytes([3, 0, 0]))
+
+
+def http_server(conn: socket.socket) -> None:
+    _recv(conn, 9)
+    conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+
+def short_answer_server(conn: socket.socket) -> None:
+    _recv(conn, 33)
+    conn.sendall(struct.pack("<Q", 2) + b"\x07\x00")
+
+
+def truncated_answer_server(conn: socket.socket) -> None:
+    _recv(conn, 33)
+    conn.sendall(struct.pack("<Q", 28) + b"\x07\x00")
+
+
+def closing_server(conn: socket.socket) -> None:
+    _recv(conn, 9)
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., int]]:
+    """serve(handler, accept=True): a listening socket on 127.0.0.1; returns its port.
+
+    With accept=False nothing is ever accepted (a server busy with another client:
+    the kernel completes the TCP handshake from the backlog, then nobody reads).
+    """
+    sockets: list[socket.socket] = []
+    stop = threading.Event()
+
+    def start(handler: Callable[[socket.socket], None] | None, accept: bool = True) -> int:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        listener.settimeout(0.2)
+        sockets.append(listener)
+
+        def loop() -> None:
+            while not stop.is_set():
+                try:
+                    conn, _ = listener.accept()
+                except (socket.timeout, OSError):
+                    continue
+                with conn:
+                    conn.settimeout(5)
+                    try:
+                        handler(conn)
+                    except OSError:
+                        pass
+
+        if accept:
+            threading.Thread(target=loop, daemon=True).start()
+        return listener.getsockname()[1]
+
+    yield start
+    stop.set()
+    for listener in sockets:
+        listener.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_protocol_7_server(serve) -> None:
+    assert rpc_hello("127.0.0.1", serve(v7_server), timeout=5) == (7, 0, 0)
+
+
+def test_legacy_server_is_asked_again_in_the_old_form(serve) -> None:
+    assert rpc_hello("127.0.0.1", serve(legacy_server), timeout=5) == (3, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("handler", "error", "message"),
+    [
+        (http_server, RPCProtocolError, r"answered b'HTTP/1\.1', which is not an RPC HELLO answer"),
+        (short_answer_server, RPCProtocolError, "HELLO answer of 2 bytes is too short"),
+        (truncated_answer_server, RPCProtocolError, "connection closed in the middle of the HELLO answer"),
+        (closing_server, RPCClosed, "(closed|reset) the connection without answering HELLO .*tried the protocol 7"),
+    ],
+)
+def test_wrong_peers(serve, handler, error: type, message: str) -> None:
+    port = serve(handler)
+    with pytest.raises(error, match=message) as info:
+        rpc_hello("127.0.0.1", port, timeout=5)
+    assert info.value.endpoint == "127.0.0.1:%d" % port
+    assert str(info.value).startswith("127.0.0.1:%d: " % port)
+
+
+def test_refused() -> None:
+    port = _free_port()
+    with pytest.raises(RPCConnectError, match="127.0.0.1:%d: connection refused" % port):
+        rpc_hello("127.0.0.1", port, timeout=2)
+
+
+def test_busy_server_times_out_with_an_explanation(serve) -> None:
+    port = serve(None, accept=False)
+    with pytest.raises(RPCTimeout, match="no HELLO answer within 0.3s: rpc-server serves one client at a time"):
+        rpc_hello("127.0.0.1", port, timeout=0.3)
+
+
+def test_unresolvable_host() -> None:
+    with pytest.raises(RPCConnectError, match="no-such-host.invalid:50052: cannot resolve host"):
+        rpc_hello("no-such-host.invalid", 50052, timeout=2)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "timeout", "expected"),
+    [
+        (["ok"], 10, (1, None)),
+        (["refused", "refused", "ok"], 10, (3, None)),
+        (["timeout", "closed", "ok"], 10, (3, None)),
+        (["refused"] * 20, 5, (5, RPCConnectError)),
+        (["garbage", "ok"], 10, (1, RPCProtocolError)),
+    ],
+)
+def test_wait_for_hello_retries(monkeypatch: pytest.MonkeyPatch, outcomes: list[str], timeout: float,
+                                expected: tuple[int, type | None]) -> None:
+    clock = FakeClock()
+    calls: list[float] = []
+    errors = {
+        "refused": RPCConnectError("h:1", "connection refused"),
+        "timeout": RPCTimeout("h:1", "no answer"),
+        "closed": RPCClosed("h:1", "closed"),
+        "garbage": RPCProtocolError("h:1", "garbage"),
+    }
+
+    def fake_hello(host: str, port: int, timeout: float) -> tuple[int, int, int]:
+        calls.append(timeout)
+        outcome = outcomes[len(calls) - 1]
+        if outcome == "ok":
+            return (7, 0, 0)
+        raise errors[outcome]
+
+    monkeypatch.setattr(rpc_proto, "rpc_hello", fake_hello)
+    attempts, error = expected
+    if error is None:
+        result = wait_for_hello("h", 1, timeout=timeout, interval=1, clock=clock, sleep=clock.sleep)
+        assert result == HelloResult((7, 0, 0), attempts, clock.now)
+    else:
+        with pytest.raises(error) as info:
+            wait_for_hello("h", 1, timeout=timeout, interval=1, clock=clock, sleep=clock.sleep)
+        if error is RPCConnectError:
+            assert "gave up after %d attempts" % attempts in str(info.value)
+    assert len(calls) == attempts
+    assert all(0 < t <= 5 for t in calls)
+
+
+def test_wait_for_hello_real_socket(serve) -> None:
+    result = wait_for_hello("127.0.0.1", serve(v7_server), timeout=5)
+    assert result.version == (7, 0, 0) and result.attempts == 1
