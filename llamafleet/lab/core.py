@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from . import artifacts
@@ -24,14 +25,15 @@ from .daemon import DaemonSpec, DaemonStatus, daemon_status, ensure_daemon, port
 from .image import (OVERLAY_SOURCE, BaseImage, HostRoot, detect_mirror, ensure_base_image, provision_host,
                     prune_images)
 from .inventory import remove_inventory, render_known_hosts, write_inventory
-from .machines import (Machine, console_tail, container_inits, find_machines, kill_orphaned_containers,
-                       start_machine, stop_machines)
+from .machines import (CGROUP_PARENT, Machine, console_tail, container_inits, find_machines, kill_orphaned_containers,
+                       remove_cgroups, start_machine, stop_machines, systemd_cgroup_roots)
 from .mirror import MIRROR_PORT, publish
-from .net import (BRIDGE, GATEWAY, HOST_NAME_RE, LabHost, bridge_state, delete_link, ensure_bridge,
+from .net import (BRIDGE, GATEWAY, HOST_NAME_RE, MAX_HOSTS, LabHost, bridge_state, delete_link, ensure_bridge,
                   ip_forwarding_enabled, lab_hosts, lab_veths, link_exists, parse_rate, qdisc_rate, set_tbf)
 from .paths import DEFAULT_INVENTORY_DIR, LabPaths
 from .proxy import PROXY_PORT, PROXY_URL
-from .system import LabError, current_mounts, lab_lock, remove_tree, require_controller, run, unmount
+from .system import (LabError, current_mounts, lab_lock, remove_tree, require_controller, run, unmount,
+                     write_atomic)
 
 UP_TOOLS = ("debootstrap", "systemd-nspawn", "ip", "ssh", "ssh-keygen", "mount", "umount", "setsid", "systemctl")
 DOWN_TOOLS = ("ip", "umount")
@@ -51,7 +53,7 @@ def resolve_host(host: str | LabHost) -> LabHost:
         return host
     if HOST_NAME_RE.match(host):
         return LabHost.from_name(host)
-    for candidate in lab_hosts(32):
+    for candidate in lab_hosts(MAX_HOSTS):
         if candidate.address == host:
             return candidate
     raise LabError(f"{host!r} is neither a lab host name (lab1, lab2, ...) nor a lab address (10.77.0.11, ...)")
@@ -250,9 +252,10 @@ class Lab:
         daemons = [daemon_status(spec, probe=bridge) for spec in (proxy_spec(), mirror_spec(self.paths))]
         return LabStatus(host_status, daemons, bridge, addresses)
 
-    def ssh(self, host: str | LabHost, command: str | Sequence[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    def ssh(self, host: str | LabHost, command: str | Sequence[str], *, check: bool = True, timeout: float = 300,
+            connect_timeout: int = 5) -> subprocess.CompletedProcess[str]:
         """:func:`ssh` with this lab's paths."""
-        return ssh(host, command, paths=self.paths, **kwargs)  # type: ignore[arg-type]
+        return ssh(host, command, check=check, timeout=timeout, connect_timeout=connect_timeout, paths=self.paths)
 
     def shape(self, host: str | LabHost, rate: str | None) -> None:
         """Limit ``host``'s link to ``rate`` (``30mbit``) in both directions, or clear it (None).
@@ -275,7 +278,7 @@ class Lab:
 
         if ensure_bridge():
             self._say(f"==> created bridge {BRIDGE} ({GATEWAY}/24)")
-            undo.push(f"bridge {BRIDGE}", lambda: delete_link(BRIDGE))
+            undo.push(f"bridge {BRIDGE}", partial(delete_link, BRIDGE))
         if ip_forwarding_enabled():
             self._say("    warning: this machine forwards IPv4 (net.ipv4.ip_forward=1): lab hosts could "
                       "route beyond the lab through it; set it to 0 to keep them inside")
@@ -285,7 +288,7 @@ class Lab:
         for spec in (proxy_spec(mirror.proxy_allow), mirror_spec(paths)):
             if ensure_daemon(spec, paths.run_dir):
                 self._say(f"==> started lab {spec.name} on {spec.url}")
-                undo.push(f"{spec.name} daemon", lambda s=spec: stop_daemon(s.name, s.module, paths.run_dir))
+                undo.push(f"{spec.name} daemon", partial(stop_daemon, spec.name, spec.module, paths.run_dir))
 
         state = self._load_state()
         state_hosts: dict[str, dict] = state.get("hosts", {})
@@ -307,9 +310,13 @@ class Lab:
         to_create = [h for h in self.hosts if not healthy[h]]
         for host in to_create:
             state_hosts.pop(host.name, None)
-            undo.push(f"host {host.name}", lambda h=host: self._remove_host(h.name))
+            undo.push(f"host {host.name}", partial(self._remove_host, host.name))
+
+        def create(host: LabHost) -> None:
+            state_hosts[host.name] = self._create_host(host, image, public_key)
+
         if to_create:
-            self._run_per_host(to_create, lambda h: state_hosts.__setitem__(h.name, self._create_host(h, image, public_key)))
+            self._run_per_host(to_create, create)
 
         state = {"version": STATE_VERSION, "image": image.key, "inventory_dir": str(self.inventory_dir),
                  "hosts": {h.name: state_hosts[h.name] for h in self.hosts}}
@@ -333,7 +340,10 @@ class Lab:
             return False
         if not host_state or host_state.get("image") != image.key or not self.paths.known_hosts.is_file():
             return False
-        return ssh(host, "true", check=False, timeout=10, connect_timeout=3, paths=self.paths).returncode == 0
+        for _ in range(2):  # a second chance, so a busy machine does not cost a host
+            if ssh(host, "true", check=False, timeout=15, connect_timeout=5, paths=self.paths).returncode == 0:
+                return True
+        return False
 
     def _create_host(self, host: LabHost, image: BaseImage, public_key: str) -> dict:
         """(Re)create ``host`` from ``image``, boot it, and wait until systemd is running."""
@@ -387,10 +397,10 @@ class Lab:
         """Run ``action`` on every host in parallel; report every host that failed, not just the first."""
         with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
             futures = {h: pool.submit(action, h) for h in hosts}
-        errors = [(h, f.exception()) for h, f in futures.items() if f.exception() is not None]
+        errors = [(h, exc) for h, f in futures.items() if (exc := f.exception()) is not None]
         if errors:
             if len(errors) == 1:
-                raise errors[0][1]  # type: ignore[misc]
+                raise errors[0][1]
             raise LabError("lab up failed on " + ", ".join(h.name for h, _ in errors) + ":\n"
                            + "\n".join(f"  {h.name}: {e}" for h, e in errors))
 
@@ -405,6 +415,7 @@ class Lab:
         kill_orphaned_containers([self._host_root(name).directory])
         remove_tree(self._host_root(name).directory)
         delete_link(f"vb-{name}")
+        remove_cgroups(name)
 
     def _teardown(self) -> None:
         machines = [m for ms in find_machines().values() for m in ms]
@@ -422,6 +433,7 @@ class Lab:
                 remove_tree(entry)
         for veth in lab_veths():
             delete_link(veth)
+        remove_cgroups()
         if link_exists(BRIDGE):
             self._say(f"==> removing bridge {BRIDGE}")
             delete_link(BRIDGE)
@@ -447,10 +459,7 @@ class Lab:
         return state if state.get("version") == STATE_VERSION else {}
 
     def _save_state(self, state: dict) -> None:
-        self.paths.run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.paths.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
-        tmp.replace(self.paths.state_file)
+        write_atomic(self.paths.state_file, json.dumps(state, indent=2) + "\n")
 
     _known_hosts_lock = threading.Lock()
 
@@ -467,10 +476,7 @@ class Lab:
             names = sorted(entries, key=lambda n: LabHost.from_name(n).index)
             text = render_known_hosts({n: entries[n]["host_keys"] for n in names},
                                       [LabHost.from_name(n) for n in names])
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text("".join(line + "\n" for line in kept) + text, encoding="ascii")
-            tmp.replace(path)
+            write_atomic(path, "".join(line + "\n" for line in kept) + text, encoding="ascii")
 
     def _say(self, line: str) -> None:
         if self._progress is not None:
@@ -511,4 +517,5 @@ def leftovers(paths: LabPaths | None = None) -> list[str]:
             left.append(f"{spec.name} daemon (pid {status.pid})")
     if paths.hosts_dir.is_dir():
         left += [f"host directory {d}" for d in sorted(paths.hosts_dir.iterdir())]
+    left += [f"cgroup {d}" for root in systemd_cgroup_roots() if (d := root / CGROUP_PARENT).exists()]
     return left

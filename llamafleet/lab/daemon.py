@@ -20,10 +20,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from socketserver import BaseServer
+from socketserver import TCPServer
 
 from .paths import REPO_ROOT
-from .system import LabError, list_processes, pid_alive, terminate
+from .system import LabError, list_processes, pid_alive, terminate, write_atomic
 
 # Every lab daemon's HTTP Server header starts with this; status checks rely on it.
 SERVER_PREFIX = "llamafleet-lab-"
@@ -166,7 +166,7 @@ def stop_daemon(name: str, module: str, run_dir: Path) -> list[int]:
 # --------------------------------------------------------------------------- inside a daemon
 
 
-def serve(server: BaseServer, pidfile: Path | None, name: str) -> None:
+def serve(server: TCPServer, pidfile: Path | None, name: str) -> None:
     """Run ``server`` until SIGTERM/SIGINT, with ``pidfile`` present exactly while it serves."""
     log = logging.getLogger(name)
 
@@ -177,10 +177,8 @@ def serve(server: BaseServer, pidfile: Path | None, name: str) -> None:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     if pidfile:
-        tmp = pidfile.with_name(pidfile.name + ".tmp")
-        tmp.write_text(f"{os.getpid()}\n", encoding="ascii")
-        tmp.replace(pidfile)
-    host, port = server.server_address[:2]  # type: ignore[attr-defined]
+        write_atomic(pidfile, f"{os.getpid()}\n", encoding="ascii")
+    host, port = server.socket.getsockname()[:2]
     log.info("listening on %s:%s (pid %d)", host, port, os.getpid())
     try:
         server.serve_forever(poll_interval=0.5)

@@ -36,7 +36,7 @@ IMAGE_PACKAGES: tuple[str, ...] = (
 )
 
 # Bump when the image customisation below changes: it is part of the cache key.
-IMAGE_LAYOUT_VERSION = 2
+IMAGE_LAYOUT_VERSION = 3
 
 OVERLAY_SOURCE = "llamafleet-lab"  # the mount "source" naming our overlays in mountinfo
 
@@ -233,8 +233,6 @@ def _customise_image(rootfs: Path, suite: str, mirror: DebianMirror) -> None:
     for deb in (rootfs / "var" / "cache" / "apt" / "archives").glob("*.deb"):
         deb.unlink()
     run(["systemctl", f"--root={rootfs}", "enable", "systemd-networkd.service"], what="enabling systemd-networkd in the image")
-    # Nothing waits for "network online" in a lab host; the unit would only delay boot.
-    run(["systemctl", f"--root={rootfs}", "disable", "systemd-networkd-wait-online.service"], check=False)
 
 
 def ensure_base_image(

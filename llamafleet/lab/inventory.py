@@ -23,6 +23,7 @@ from .artifacts import LLAMA_CPP_ARCHIVE_SUBDIR, LLAMA_CPP_COMMIT, LLAMA_CPP_SOU
 from .mirror import MIRROR_URL, mirror_url
 from .net import LabHost
 from .proxy import PROXY_URL
+from .system import write_atomic
 
 HEADER = "Written by `llamafleet lab up`; rewritten on every run, removed by `llamafleet lab down`."
 ORCHESTRATOR_GROUP = "llamafleet_orchestrator"
@@ -109,9 +110,8 @@ def inventory_files(inventory_dir: Path) -> tuple[Path, Path]:
 def write_inventory(inventory_dir: Path, hosts: Sequence[LabHost], ssh_key: Path, known_hosts: Path) -> Path:
     """Write hosts.ini and group_vars/all/lab.yml; return the hosts.ini path."""
     hosts_ini, group_vars = inventory_files(inventory_dir)
-    group_vars.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(hosts_ini, render_hosts_ini(hosts, ssh_key, known_hosts))
-    _write_atomic(group_vars, render_group_vars(lab_group_vars()))
+    write_atomic(hosts_ini, render_hosts_ini(hosts, ssh_key, known_hosts))
+    write_atomic(group_vars, render_group_vars(lab_group_vars()))
     return hosts_ini
 
 
@@ -127,9 +127,3 @@ def remove_inventory(inventory_dir: Path) -> list[Path]:
             path.unlink()
             removed.append(path)
     return removed
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)

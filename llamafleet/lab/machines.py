@@ -4,12 +4,16 @@ The controller does not run systemd as PID 1, so containers are neither
 registered with machined nor run in units: each is a plain ``systemd-nspawn``
 process started in its own session (``setsid --fork``), found again by its
 command line (``-M labN --network-bridge=lfbr0``).  That makes ``lab down`` work
-even when every state file is gone.
+even when every state file is gone.  Each container runs in its own cgroup
+(see :data:`CGROUP_PARENT`), and containers whose nspawn died are found by
+their init's root mount.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -17,9 +21,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .net import BRIDGE, HOST_NAME_RE, LabHost
 from .image import OVERLAY_SOURCE
-from .system import LabError, Process, current_mounts, list_processes, pid_alive, send_signal
+from .net import BRIDGE, HOST_NAME_RE, LabHost
+from .system import LabError, Process, current_mounts, list_processes, send_signal, wait_gone
 
 
 @dataclass(frozen=True)
@@ -74,11 +78,52 @@ def find_machines() -> dict[str, list[Machine]]:
     return found
 
 
+# Each container gets its own cgroup in the hierarchies systemd tracks processes in.
+# Without one, every nspawn started by the same shell shares that shell's cgroup,
+# and the containers' systemds create and delete each other's unit cgroups there
+# (units then fail at random with "Failed at step CGROUP ... No such file").
+CGROUP_PARENT = "llamafleet-lab"
+
+
+def systemd_cgroup_roots() -> list[Path]:
+    """Mount points of the cgroup hierarchies systemd uses: cgroup2, and the v1 ``name=systemd`` one."""
+    return [Path(m.mountpoint) for m in current_mounts()
+            if m.fstype == "cgroup2" or (m.fstype == "cgroup" and "name=systemd" in m.super_options.split(","))]
+
+
+def host_cgroups(name: str) -> list[Path]:
+    """The cgroup directories a lab host's container runs in, one per systemd hierarchy."""
+    return [root / CGROUP_PARENT / name for root in systemd_cgroup_roots()]
+
+
+def remove_cgroups(name: str | None = None) -> list[Path]:
+    """Remove the (empty) cgroups of host ``name``, or of every lab host; return those still present."""
+    left = []
+    for root in systemd_cgroup_roots():
+        top = root / CGROUP_PARENT / name if name else root / CGROUP_PARENT
+        if not top.is_dir():
+            continue
+        # cgroupfs directories go with rmdir only, children first.
+        for directory in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        with contextlib.suppress(OSError):
+            top.rmdir()
+        if top.exists():
+            left.append(top)
+    return left
+
+
 def start_machine(host: LabHost, root: Path, console_log: Path, timeout: float = 10.0) -> Machine:
-    """Boot ``host`` from ``root`` in the background; return it once its init process runs."""
+    """Boot ``host`` from ``root`` in the background, in its own cgroups; return it once its init runs."""
+    cgroups = host_cgroups(host.name)
+    for cgroup in cgroups:
+        cgroup.mkdir(parents=True, exist_ok=True)
+    # A shell joins the host's cgroups, then becomes nspawn (so nspawn and the container start there).
+    join = "; ".join(f"echo $$ > {shlex.quote(str(cg / 'cgroup.procs'))}" for cg in cgroups)
+    argv = ["setsid", "--fork", "sh", "-c", f'{join}; exec "$@"', "sh", *nspawn_argv(host, root)]
     with open(console_log, "ab") as out:
-        subprocess.run(["setsid", "--fork", *nspawn_argv(host, root)], stdin=subprocess.DEVNULL,
-                       stdout=out, stderr=subprocess.STDOUT, check=True)
+        subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, check=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for machine in find_machines().get(host.name, []):
@@ -96,27 +141,23 @@ def console_tail(console_log: Path, lines: int = 8) -> str:
     return "\n  ".join(text.strip().splitlines()[-lines:]) or "(no console output)"
 
 
-def stop_machines(machines: list[Machine], grace: float = 10.0) -> None:
-    """Shut containers down: SIGTERM to nspawn (an orderly poweroff of the container's
-    systemd), then, for any still running after ``grace`` seconds, SIGKILL to the
-    container's init and nspawn (killing a PID namespace's init ends all of it)."""
+def stop_machines(machines: list[Machine], grace: float = 8.0) -> None:
+    """Shut containers down, orderly if they let us, by force if not.
+
+    SIGTERM to nspawn makes it power the container's systemd off; any container
+    still running after ``grace`` seconds gets SIGKILL to its init and nspawn
+    (killing a PID namespace's init ends every process in it).
+    """
     for machine in machines:
         send_signal(machine.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    pending = list(machines)
-    while pending and time.monotonic() < deadline:
-        time.sleep(0.1)
-        pending = [m for m in pending if pid_alive(m.pid)]
-    for machine in pending:
-        for pid in (machine.leader, machine.pid):
-            if pid:
-                send_signal(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while pending and time.monotonic() < deadline:
-        time.sleep(0.05)
-        pending = [m for m in pending if pid_alive(m.pid) or (m.leader and pid_alive(m.leader))]
-    if pending:
-        raise LabError("could not stop " + ", ".join(f"{m.name} (pid {m.pid})" for m in pending))
+    alive = set(wait_gone([m.pid for m in machines], grace))
+    forced = [pid for m in machines if m.pid in alive for pid in (m.leader, m.pid) if pid]
+    for pid in forced:
+        send_signal(pid, signal.SIGKILL)
+    stuck = set(wait_gone(forced, 5))
+    if stuck:
+        raise LabError("could not stop " + ", ".join(f"{m.name} (pid {m.pid})" for m in machines
+                                                     if {m.pid, m.leader} & stuck))
 
 
 def container_inits() -> dict[int, Path]:
@@ -156,10 +197,7 @@ def kill_orphaned_containers(host_dirs: Iterable[Path] | None = None) -> list[in
                if pid not in attached and (wanted is None or os.path.realpath(hdir) in wanted)]
     for pid in orphans:
         send_signal(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(pid_alive(p) for p in orphans):
-        time.sleep(0.05)
-    left = [p for p in orphans if pid_alive(p)]
+    left = wait_gone(orphans, 5)
     if left:
         raise LabError(f"could not kill the orphaned lab containers with init pids {left}")
     return orphans

@@ -103,8 +103,9 @@ def ensure_bridge() -> bool:
         run(["ip", "link", "add", BRIDGE, "type", "bridge"], what=f"creating bridge {BRIDGE}")
         created = True
     _, addrs = bridge_state()
-    if addrs != [wanted]:
-        run(["ip", "addr", "flush", "dev", BRIDGE], what=f"resetting addresses of {BRIDGE}")
+    for stray in (a for a in addrs if a != wanted):  # removed one by one: a running lab keeps its address
+        run(["ip", "addr", "del", stray, "dev", BRIDGE], what=f"removing stray address {stray} from {BRIDGE}")
+    if wanted not in addrs:
         run(["ip", "addr", "add", wanted, "dev", BRIDGE], what=f"addressing {BRIDGE}")
     run(["ip", "link", "set", BRIDGE, "up"], what=f"bringing {BRIDGE} up")
     return created

@@ -181,9 +181,12 @@ class ProxyHandler(BaseHTTPRequestHandler):
     def _refuse(self, status: HTTPStatus, reason: str) -> None:
         log.warning("DENY %s %s %s: %s", self.client_address[0], self.command, self.path, reason)
         body = f"llamafleet lab proxy: {reason}\n".encode()
+        # A refused request's body (if any) was not read: the connection cannot carry another request.
+        self.close_connection = True
         self.send_response(status)
         self.send_header("Content-Type", "text/plain; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
@@ -191,6 +194,9 @@ class ProxyHandler(BaseHTTPRequestHandler):
     def _forward(self) -> None:
         decision = self._check()
         if decision is None:
+            return
+        if self.headers.get("Transfer-Encoding") or self.headers.get("Content-Length", "0") != "0":
+            self._refuse(HTTPStatus.BAD_REQUEST, f"{self.command} requests with a body are not forwarded")
             return
         url = urlsplit(self.path)
         path = (url.path or "/") + (f"?{url.query}" if url.query else "")
@@ -219,20 +225,25 @@ class ProxyHandler(BaseHTTPRequestHandler):
             if key.lower() not in HOP_BY_HOP and not (has_body and key.lower() == "content-length"):
                 self.send_header(key, value)
         length = response.length if has_body else None
+        # A body of unknown length goes chunked to HTTP/1.1 clients, and ends with the connection otherwise.
+        chunked = has_body and length is None and self.request_version == "HTTP/1.1"
         if has_body and length is not None:
             self.send_header("Content-Length", str(length))
-        elif has_body:
+        elif chunked:
             self.send_header("Transfer-Encoding", "chunked")
+        elif has_body:
+            self.close_connection = True
+            self.send_header("Connection", "close")
         self.end_headers()
         log.info("%s %s %s -> %d", self.client_address[0], self.command, self.path, response.status)
         if not has_body:
             return
         try:
             while block := response.read(CHUNK):
-                if length is None:
+                if chunked:
                     block = f"{len(block):x}\r\n".encode() + block + b"\r\n"
                 self.wfile.write(block)
-            if length is None:
+            if chunked:
                 self.wfile.write(b"0\r\n\r\n")
         except (OSError, http.client.HTTPException) as exc:
             log.warning("transfer of %s broke off: %s", self.path, exc)
@@ -268,7 +279,7 @@ class ProxyServer(ThreadingHTTPServer):
         self.allowed = allowed_destinations(allow)
         super().__init__(address, ProxyHandler)
 
-    def verify_request(self, request: object, client_address: tuple[str, int]) -> bool:  # type: ignore[override]
+    def verify_request(self, request: object, client_address: tuple[str, int]) -> bool:
         if client_allowed(client_address[0]):
             return True
         log.warning("DENY client %s: not on the lab network", client_address[0])

@@ -85,13 +85,18 @@ def require_controller(tools: Iterable[str]) -> None:
         raise UserError(f"the lab needs Linux (systemd-nspawn, bridges); this is {platform.system()}")
     if os.geteuid() != 0:
         raise UserError("the lab creates bridges, mounts and containers: run it as root (sudo llamafleet lab ...)")
+    problem = missing_tools_message(tools)
+    if problem:
+        raise UserError(problem)
+
+
+def missing_tools_message(tools: Iterable[str]) -> str | None:
+    """What to install for the ``tools`` not found on PATH, or None when all are there."""
     missing = sorted({t for t in tools if shutil.which(t) is None})
-    if missing:
-        packages = sorted({TOOL_PACKAGES.get(t, t) for t in missing})
-        raise UserError(
-            f"missing tool(s) on this machine: {', '.join(missing)}; "
-            f"install them with: apt-get install {' '.join(packages)}"
-        )
+    if not missing:
+        return None
+    packages = sorted({TOOL_PACKAGES.get(t, t) for t in missing})
+    return f"missing tool(s) on this machine: {', '.join(missing)}; install them with: apt-get install {' '.join(packages)}"
 
 
 @contextlib.contextmanager
@@ -158,6 +163,16 @@ def send_signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
+def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
+    """Wait up to ``timeout`` seconds for ``pids`` to exit; return those still alive."""
+    pending = [p for p in pids if pid_alive(p)]
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.05)
+        pending = [p for p in pending if pid_alive(p)]
+    return pending
+
+
 def terminate(pids: Iterable[int], *, sig: int = signal.SIGTERM, grace: float = 8.0) -> list[int]:
     """Send ``sig`` to ``pids``, wait up to ``grace`` seconds, then SIGKILL the survivors.
 
@@ -166,17 +181,18 @@ def terminate(pids: Iterable[int], *, sig: int = signal.SIGTERM, grace: float = 
     pending = [p for p in pids if pid_alive(p)]
     for pid in pending:
         send_signal(pid, sig)
-    deadline = time.monotonic() + grace
-    while pending and time.monotonic() < deadline:
-        time.sleep(0.1)
-        pending = [p for p in pending if pid_alive(p)]
+    pending = wait_gone(pending, grace)
     for pid in pending:
         send_signal(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while pending and time.monotonic() < deadline:
-        time.sleep(0.05)
-        pending = [p for p in pending if pid_alive(p)]
-    return pending
+    return wait_gone(pending, 5)
+
+
+def write_atomic(path: Path, text: str, encoding: str = "utf-8") -> None:
+    """Replace ``path`` with ``text`` so readers see the old or the new content, never a mix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding=encoding)
+    tmp.replace(path)
 
 
 # --------------------------------------------------------------------------- mounts

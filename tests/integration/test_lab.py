@@ -82,6 +82,7 @@ def nothing_left() -> list[str]:
              if "llamafleet-lab" in line or str(PATHS.hosts_dir) in line]
     if PATHS.hosts_dir.is_dir():
         left += [f"host dir {p}" for p in PATHS.hosts_dir.iterdir()]
+    left += [f"cgroup {p}" for p in Path("/sys/fs/cgroup").glob("*/llamafleet-lab")]
     left += [f"inventory {p}" for p in (INVENTORY, INVENTORY.parent / "group_vars" / "all" / "lab.yml") if p.exists()]
     return sorted(set(left))
 
@@ -216,7 +217,7 @@ def test_shape_limits_the_link(lab: str) -> None:
 
 def test_shrink_and_recover_from_stale_pieces(lab: str) -> None:
     out = cli("lab", "up", "--hosts", "2").stdout
-    assert "removing hosts beyond --hosts 2: lab3" in out
+    assert "removing hosts beyond --hosts 2: lab3" in out, out
     # Kill lab2 the hard way (its overlay stays mounted) and dirty the bridge.
     lab2 = [m for m in subprocess.run(["pgrep", "-f", "systemd-nspawn .* -M lab2 "], capture_output=True,
                                       text=True, check=False).stdout.split()]
@@ -224,7 +225,7 @@ def test_shrink_and_recover_from_stale_pieces(lab: str) -> None:
     subprocess.run(["kill", "-KILL", *lab2], check=True)
     subprocess.run(["ip", "addr", "add", "10.99.0.1/24", "dev", "lfbr0"], check=True)
     out = cli("lab", "up", "--hosts", "2").stdout
-    assert "booting lab2" in out and "booting lab1" not in out
+    assert "booting lab2" in out and "booting lab1" not in out, out
     status = cli("lab", "status").stdout
     assert "lab3" not in status and "10.99.0.1" not in status
     assert re.search(r"^lab2\s+10.77.0.12\s+up\s+ok\s+running", status, re.M), status

@@ -168,3 +168,25 @@ def test_connect_tunnel(proxy: tuple[int, int]) -> None:
             data += chunk
     assert data.startswith(b"HTTP/1.1 200") and data.endswith(b"Release file\n")
     assert _Upstream.seen[0]["path"] == "/through-tunnel"
+
+
+def test_http10_client_gets_a_close_delimited_body(proxy: tuple[int, int]) -> None:
+    port, up = proxy
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(f"GET http://localhost:{up}/chunked/Packages HTTP/1.0\r\n\r\n".encode())
+        data = b""
+        while chunk := sock.recv(4096):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert b" 200 " in head.split(b"\r\n")[0] and b"chunked" not in head.lower()
+    assert body == b"Package: a\nPackage: b\n"
+
+
+def test_requests_with_a_body_are_refused(proxy: tuple[int, int]) -> None:
+    port, up = proxy
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request("GET", f"http://localhost:{up}/debian/Release", body=b"smuggled")
+    response = conn.getresponse()
+    assert response.status == 400 and response.getheader("Connection") == "close"
+    conn.close()
+    assert _Upstream.seen == []

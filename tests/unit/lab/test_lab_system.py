@@ -4,17 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from llamafleet.lab.artifacts import is_verified, sha256_file
 from llamafleet.lab.machines import Machine, nspawn_argv, parse_machine
 from llamafleet.lab.net import LabHost
-from llamafleet.lab.system import Mount, Process, parse_mountinfo
+from llamafleet.lab.system import Mount, Process, missing_tools_message, parse_mountinfo
 
 # Lines of /proc/self/mountinfo on the controller with a lab host up (one with an escaped space).
-MOUNTINFO = """\
-22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw,discard
-310 22 0:52 / /var/cache/llamafleet/lab/hosts/lab1/root rw,relatime shared:170 - overlay llamafleet-lab rw,lowerdir=/var/cache/llamafleet/lab/images/c805a7821bf8ace0/rootfs,upperdir=/var/cache/llamafleet/lab/hosts/lab1/upper,workdir=/var/cache/llamafleet/lab/hosts/lab1/work,uuid=on
-311 22 0:53 / /tmp/with\\040space rw - tmpfs tmpfs rw
-"""
+MOUNTINFO = (
+    "22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw,discard\n"
+    "310 22 0:52 / /var/cache/llamafleet/lab/hosts/lab1/root rw,relatime shared:170 - overlay llamafleet-lab "
+    "rw,lowerdir=/var/cache/llamafleet/lab/images/c805a7821bf8ace0/rootfs,upperdir=/var/cache/llamafleet/lab/hosts/lab1/upper,"
+    "workdir=/var/cache/llamafleet/lab/hosts/lab1/work,uuid=on\n"
+    "311 22 0:53 / /tmp/with\\040space rw - tmpfs tmpfs rw\n"
+)
 
 
 def test_parse_mountinfo() -> None:
@@ -52,3 +56,15 @@ def test_verified_artifact_stamp(tmp_path: Path) -> None:
     blob.write_bytes(b"GGUF" + bytes(999))  # size changes: hashed again, and now wrong
     assert not is_verified(blob, digest)
     assert not is_verified(tmp_path / "missing", digest)
+
+
+def test_missing_tools_name_the_debian_packages(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty PATH: nothing is installed
+    assert missing_tools_message(["systemd-nspawn", "debootstrap", "tc", "ip"]) == (
+        "missing tool(s) on this machine: debootstrap, ip, systemd-nspawn, tc; "
+        "install them with: apt-get install debootstrap iproute2 systemd-container"
+    )
+    tool = tmp_path / "debootstrap"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    assert missing_tools_message(["debootstrap"]) is None
