@@ -34,7 +34,7 @@ def best_of(repeat: int, func) -> tuple[float, object]:
     """Smallest wall time of ``repeat`` calls, and the last result."""
     best = float("inf")
     result = None
-    for _ in range(repeat):
+    for dummy in range(repeat):
         start = time.perf_counter()
         result = func()
         best = min(best, time.perf_counter() - start)
@@ -60,7 +60,7 @@ def main() -> int:
         print("C helper (gcc -O2), 1 thread: %8.1f MB/s  (%d MB in %.3f s, hash %s)"
               % (size / seconds / 1e6, size // 1000000, seconds, names[0]))
         half = size // 2
-        seconds2, _ = best_of(args.repeat, lambda: fnv.hash_ranges(
+        seconds2, dummy = best_of(args.repeat, lambda: fnv.hash_ranges(
             args.file, [(0, half), (half, size - half)], helper=helper, jobs=2))
         print("C helper, 2 ranges, -j 2:     %8.1f MB/s" % (size / seconds2 / 1e6))
 

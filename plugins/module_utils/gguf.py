@@ -30,7 +30,7 @@ import os
 import re
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence, Union
+from typing import Any, Sequence, Union
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -78,7 +78,7 @@ GGML_TYPES: dict[int, tuple[str, int, int]] = {
     41: ("Q1_0", 128, 18),
     42: ("Q2_0", 64, 18),
 }
-GGML_TYPE_IDS: dict[str, int] = {name: type_id for type_id, (name, _, _) in GGML_TYPES.items()}
+GGML_TYPE_IDS: dict[str, int] = {info[0]: type_id for type_id, info in GGML_TYPES.items()}
 
 # GGUF metadata value types.
 VALUE_TYPE_NAMES: dict[int, str] = {
@@ -306,8 +306,8 @@ class _Reader:
         if item_type in _SCALAR_FORMATS:
             return list(self.unpack("%d%s" % (count, _SCALAR_FORMATS[item_type])))
         if item_type == _STRING:
-            return [self.text() for _ in range(count)]
-        return [self.array(max_array_items) for _ in range(count)]
+            return [self.text() for dummy in range(count)]
+        return [self.array(max_array_items) for dummy in range(count)]
 
     def skip_items(self, item_type: int, count: int) -> None:
         if item_type in _SCALAR_FORMATS:
@@ -316,10 +316,10 @@ class _Reader:
                 raise self.fail("array of %d items runs past the end of the file" % count)
             self.pos += nbytes
         elif item_type == _STRING:
-            for _ in range(count):
+            for dummy in range(count):
                 self.skip_string()
         else:
-            for _ in range(count):
+            for dummy in range(count):
                 self.skip_items(self.u32(), self.u64())
 
 
@@ -372,7 +372,7 @@ def _parse(buf: Any, path: str, file_size: int, max_array_items: int | None) -> 
                           % (kv_count, tensor_count))
 
     metadata: dict[str, Any] = {}
-    for _ in range(kv_count):
+    for dummy in range(kv_count):
         key = reader.name("metadata key")
         value_type = reader.u32()
         if key in metadata:
@@ -386,7 +386,7 @@ def _parse(buf: Any, path: str, file_size: int, max_array_items: int | None) -> 
 
     raw_tensors = []
     seen: set[str] = set()
-    for _ in range(tensor_count):
+    for dummy in range(tensor_count):
         name = reader.name("tensor name")
         if name in seen:
             raise reader.fail("duplicate tensor %r" % name)
@@ -620,14 +620,3 @@ def model_facts(paths: ModelPaths) -> dict[str, Any]:
         "kv_bytes_per_token_f16": sum(k + v for k, v in zip(n_embd_k_gqa, n_embd_v_gqa)) * 2,
         "sliding_window": _sliding_window(metadata, arch),
     }
-
-
-def iter_tensors(paths: ModelPaths) -> Iterator[TensorInfo]:
-    """Every tensor of a model (all shards), without keeping the metadata arrays."""
-    yield from read_model(paths, max_array_items=0).tensors
-
-
-def tensors_larger_than(paths: ModelPaths, threshold: int) -> list[TensorInfo]:
-    """The model's tensors whose data is strictly larger than ``threshold`` bytes."""
-    return [tensor for tensor in iter_tensors(paths) if tensor.nbytes > threshold]
-

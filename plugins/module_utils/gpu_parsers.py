@@ -593,7 +593,7 @@ def select_backend_devices(devices: Iterable[Mapping[str, Any]], backend: str) -
     return [dict(d) for d in devices if d.get("backend") == "cpu"][:1]
 
 
-def _override_matches(match: Any, dev: Mapping[str, Any]) -> bool:
+def override_matches(match: Any, dev: Mapping[str, Any]) -> bool:
     """Does an override's ``match`` select this device?
 
     ``match`` is one of: ``"*"``/``"all"``; a backend name (``cuda``, ``cpu``);
@@ -625,6 +625,20 @@ def _override_matches(match: Any, dev: Mapping[str, Any]) -> bool:
 OVERRIDE_KEYS = ("total_mib", "free_mib", "reserve_mib", "max_mib")
 
 
+def unmatched_overrides(device_lists: Sequence[Sequence[Mapping[str, Any]]],
+                        overrides: Sequence[Mapping[str, Any]] | None) -> list[str]:
+    """Messages for overrides whose ``match`` selects no device in any of the lists (typos)."""
+    devices = [d for devs in device_lists for d in devs]
+    messages = []
+    for position, override in enumerate(overrides or []):
+        if not any(override_matches(override.get("match"), d) for d in devices):
+            messages.append("overrides[%d] match %r selects none of this host's devices: %s"
+                            % (position, override.get("match"),
+                               ", ".join(sorted({"%s:%s %s" % (d["backend"], d["index"], d["name"]) for d in devices}))
+                               or "(none detected)"))
+    return messages
+
+
 def apply_overrides(devices: Sequence[Mapping[str, Any]], overrides: Sequence[Mapping[str, Any]] | None,
                     cpu_reserve_mib: int = 0, require_match: bool = True) -> list[dict[str, Any]]:
     """Apply inventory overrides to detected devices; the inventory wins.
@@ -654,7 +668,7 @@ def apply_overrides(devices: Sequence[Mapping[str, Any]], overrides: Sequence[Ma
                              % (position, ", ".join(sorted(unknown)), ", ".join(OVERRIDE_KEYS)))
         hit = False
         for out in result:
-            if not _override_matches(override["match"], out):
+            if not override_matches(override["match"], out):
                 continue
             hit = True
             for key in OVERRIDE_KEYS:
@@ -800,6 +814,9 @@ def collect_devices(run: Runner, which: Any, read_text: Any, system: str = "Linu
     if "cpu" in wanted:
         probe.devices += _cpu_device(probe, system)
 
+    for dev in probe.devices:
+        if "ggml_name" not in dev and dev["backend"] in GGML_PREFIX:
+            dev["ggml_name"] = ggml_device_name(dev["backend"], dev["index"])
     backend = preferred_backend(probe.devices)
     rpc_devices = select_backend_devices(probe.devices, backend)
     if rpc_server:

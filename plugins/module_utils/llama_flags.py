@@ -253,7 +253,8 @@ def render_llama_server_argv(binary: str, plan: Mapping[str, Any], features: Map
                              ctx_size: int | None = None, n_parallel: int | None = None,
                              metrics: bool = False, api_key_file: str | None = None,
                              chat_template: str | None = None, load_mode: str | None = None,
-                             pin_devices: bool = False, extra_args: Sequence[str] = ()) -> list[str]:
+                             pin_devices: bool = False, log_verbosity: int | None = None,
+                             extra_args: Sequence[str] = ()) -> list[str]:
     """argv for the orchestrator's llama-server running ``plan`` (from :func:`split_plan.plan_split`).
 
     Renders ``-m``, ``--rpc`` (before ``--device``, which names RPC devices
@@ -263,6 +264,8 @@ def render_llama_server_argv(binary: str, plan: Mapping[str, Any], features: Map
     ``ctx_size``/``n_parallel`` default to the plan's. With ``pin_devices``,
     ``--device`` lists the plan's devices so the order cannot drift (only use
     it when the local device names in the plan match the build's backend).
+    ``log_verbosity`` renders ``-lv N`` (3 shows the devices and buffer sizes,
+    5 also the layer each device holds; see log_parse).
     """
     name = binary.rsplit("/", 1)[-1]
     model = model_path if isinstance(model_path, str) else model_path[0]
@@ -304,6 +307,9 @@ def render_llama_server_argv(binary: str, plan: Mapping[str, Any], features: Map
         _need(features, "chat_template", "the chat template", name)
         argv += ["--chat-template", chat_template]
     argv += load_mode_args(load_mode, features)
+    if log_verbosity is not None:
+        _need(features, "log_verbosity", "the log verbosity", name)
+        argv += ["-lv", str(int(log_verbosity))]
     argv += [str(a) for a in extra_args]
     return argv
 
@@ -370,6 +376,8 @@ def render_systemd_unit(argv: Sequence[str], header: str = "", description: str 
                         after: Sequence[str] = ("network-online.target",),
                         wants: Sequence[str] = ("network-online.target",),
                         restart_sec: int = 5, limit_memlock_infinity: bool = False,
+                        exec_start_pre: Sequence[Sequence[str]] = (), comments: Sequence[str] = (),
+                        timeout_start_sec: int | None = None,
                         private_devices: bool = False, protect_home: str = "yes",
                         wanted_by: str = "multi-user.target") -> str:
     """The text of a hardened systemd service unit running ``argv``.
@@ -383,10 +391,14 @@ def render_systemd_unit(argv: Sequence[str], header: str = "", description: str 
     must remain visible. ProtectClock and ProtectKernelLogs are left out for the
     same reason (they install a device allow-list that hides GPUs).
     ``limit_memlock_infinity`` is for ``--mlock``/``-lm mlock``.
+    ``exec_start_pre`` are argv lists run before the server (e.g. a wait for the
+    workers); ``comments`` are extra comment lines after the header.
     """
     lines: list[str] = []
     for line in header.splitlines():
         lines.append(line if line.startswith(("#", ";")) or not line.strip() else "# " + line)
+    for comment in comments:
+        lines.append("# " + " ".join(str(comment).split()))
     lines += ["[Unit]", "Description=%s" % description.replace("\n", " ")]
     if after:
         lines.append("After=%s" % " ".join(after))
@@ -394,10 +406,16 @@ def render_systemd_unit(argv: Sequence[str], header: str = "", description: str 
         lines.append("Wants=%s" % " ".join(wants))
     lines += ["", "[Service]", "Type=simple", "User=%s" % user, "Group=%s" % (group or user)]
     if working_directory:
-        lines.append("WorkingDirectory=%s" % systemd_quote(working_directory))
+        if "\n" in working_directory or not working_directory.startswith("/"):
+            raise FlagError("working_directory must be an absolute path, got %r" % working_directory)
+        lines.append("WorkingDirectory=%s" % working_directory.replace("%", "%%"))
     for key in sorted(environment or {}):
         lines.append("Environment=%s" % _env_assignment(key, str(environment[key])))
+    for pre in exec_start_pre:
+        lines.append("ExecStartPre=%s" % systemd_exec(pre))
     lines.append("ExecStart=%s" % systemd_exec(argv))
+    if timeout_start_sec is not None:
+        lines.append("TimeoutStartSec=%d" % int(timeout_start_sec))
     lines += [
         "Restart=on-failure",
         "RestartSec=%d" % restart_sec,

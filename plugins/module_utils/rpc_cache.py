@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from .fnv import HashError, find_helper, hash_ranges, hash_ranges_python
-from .gguf import GGUFError, ModelPaths, TensorInfo, read_model
+from .gguf import GGUFError, ModelPaths, read_model
 
 # ggml-rpc.cpp: a tensor goes through the hash cache when its size is > HASH_THRESHOLD
 # (strictly greater) and it lives in a weights buffer.
@@ -402,10 +402,10 @@ def seed_cache(model: ModelPaths, cache_dir: str, threshold: int = HASH_THRESHOL
     try:
         resolved = find_helper(helper) if helper else find_helper()
     except HashError as exc:
-        result.warnings.append("%s; hashing in Python instead, about 50x slower" % exc)
+        result.warnings.append("%s; hashing in Python instead, 50 to 100 times slower" % exc)
         resolved = None
     if resolved is None and not result.warnings:
-        result.warnings.append("no %s helper found; hashing in Python instead, about 50x slower"
+        result.warnings.append("no %s helper found; hashing in Python instead, 50 to 100 times slower"
                                % "llamafleet-fnv1a64")
     result.hasher = resolved or "python"
     hasher = make_hasher(resolved, jobs)

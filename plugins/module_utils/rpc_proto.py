@@ -19,7 +19,9 @@ retried once in the old form.
 rpc-server serves ONE client at a time (listen backlog 1) and aborts a client
 that talks nonsense, so a probe connects, says HELLO, reads the answer and
 closes at once. While a llama-server holds the connection, a probe waits in the
-backlog and times out: that is reported as such, not as a dead server.
+backlog and times out: that is reported as such, not as a dead server, and the
+probe's connection is reset rather than closed (see _close: a closed one would
+kill rpc-server later).
 
 Stdlib only (module_utils shared with the ``llamafleet`` library as ``llamafleet.core.rpc_proto``).
 """
@@ -116,6 +118,7 @@ def _exchange(host: str, port: int, timeout: float, caps_size: int) -> tuple[int
         raise RPCConnectError(endpoint, "cannot resolve host: %s" % exc.strerror) from None
     except OSError as exc:
         raise RPCConnectError(endpoint, "cannot connect: %s" % (exc.strerror or exc)) from None
+    answered = False
     try:
         sock.settimeout(max(0.001, deadline - time.monotonic()))
         sock.sendall(hello_request(caps_size))
@@ -125,7 +128,9 @@ def _exchange(host: str, port: int, timeout: float, caps_size: int) -> tuple[int
             raise RPCProtocolError(endpoint, "answered %r, which is not an RPC HELLO answer: "
                                    "is this port a llama.cpp rpc-server?" % header)
         sock.settimeout(max(0.001, deadline - time.monotonic()))
-        return parse_hello_payload(endpoint, _recv_exactly(sock, size, endpoint))
+        version = parse_hello_payload(endpoint, _recv_exactly(sock, size, endpoint))
+        answered = True
+        return version
     except socket.timeout:
         raise RPCTimeout(endpoint, "connected, but no HELLO answer within %.1fs: rpc-server serves one client "
                          "at a time, so a connected llama-server (or a hung server) keeps probes waiting"
@@ -135,11 +140,27 @@ def _exchange(host: str, port: int, timeout: float, caps_size: int) -> tuple[int
     except OSError as exc:
         raise RPCConnectError(endpoint, "connection failed during HELLO: %s" % (exc.strerror or exc)) from None
     finally:
-        try:
+        _close(sock, graceful=answered)
+
+
+def _close(sock: socket.socket, graceful: bool) -> None:
+    """Close a probe connection; abort it with a TCP reset unless the server has answered.
+
+    A probe that gives up waiting (the server is busy with another client) leaves
+    its HELLO queued. After a normal close, rpc-server later reads that HELLO and
+    answers a peer that is gone: its first send succeeds, the second raises
+    SIGPIPE, which kills rpc-server (seen with llama.cpp 0c1e570, which sends
+    without MSG_NOSIGNAL). After a reset its first send fails with ECONNRESET
+    instead, and it drops the connection and serves the next client.
+    """
+    try:
+        if graceful:
             sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        sock.close()
+        else:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass
+    sock.close()
 
 
 def rpc_hello(host: str, port: int = DEFAULT_PORT, timeout: float = 5.0) -> tuple[int, int, int]:
@@ -184,3 +205,40 @@ def wait_for_hello(host: str, port: int = DEFAULT_PORT, timeout: float = 30.0, i
                 raise type(exc)(exc.endpoint, "%s (gave up after %d attempt%s in %.0fs)"
                                 % (exc.reason, attempts, "" if attempts == 1 else "s", clock() - start)) from None
         sleep(interval)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python3 rpc_proto.py [--timeout S] HOST:PORT ...``: wait until every rpc-server answers HELLO.
+
+    Installed on the orchestrator as the llama-server unit's ``ExecStartPre``,
+    so llama-server (which aborts on a missing worker) starts only once every
+    worker answers, also when systemd restarts it after a worker failure.
+    """
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    timeout = 0.0
+    if len(args) >= 2 and args[0] == "--timeout":
+        timeout = float(args[1])
+        args = args[2:]
+    if not args:
+        print("usage: llamafleet-rpc-wait [--timeout SECONDS] HOST:PORT [HOST:PORT ...] (0 waits forever)",
+              file=sys.stderr)
+        return 2
+    for endpoint in args:
+        host, _sep, port = endpoint.rpartition(":")
+        while True:
+            try:
+                result = wait_for_hello(host, int(port), timeout=timeout or 3600.0)
+                print("%s answered HELLO: protocol %d.%d.%d" % ((endpoint,) + tuple(result.version)), flush=True)
+                break
+            except RPCError as exc:
+                if timeout:
+                    print("%s did not answer HELLO: %s" % (endpoint, exc), file=sys.stderr)
+                    return 1
+                print("still waiting for %s: %s" % (endpoint, exc), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -262,7 +262,9 @@ def model_devices(workers: Sequence[Mapping[str, Any]],
         if not host:
             raise PlanError("workers[%d] has no 'host'" % position)
         address = worker.get("address") or host
-        port = worker.get("port", 50052)
+        port = worker.get("port") or 50052
+        if isinstance(port, str) and port.strip().isdigit():
+            port = int(port)
         if not _is_int(port) or not 0 < port < 65536:
             raise PlanError("worker %s: port %r is not a TCP port" % (host, port))
         if ":" in str(address):

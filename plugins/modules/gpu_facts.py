@@ -160,7 +160,7 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_parsers imp
     ParseError,
     apply_overrides,
     collect_devices,
-    _override_matches,
+    unmatched_overrides,
 )
 
 PROBE_TIMEOUT_S = 60
@@ -198,12 +198,9 @@ def run_module(module: AnsibleModule) -> dict:
         rpc_devices = apply_overrides(found["rpc_devices"], overrides, params["cpu_reserve_mib"], require_match=False)
     except ParseError as exc:
         module.fail_json(msg=str(exc))
-    for position, override in enumerate(overrides):
-        if not any(_override_matches(override["match"], d) for d in devices + rpc_devices):
-            module.fail_json(msg="overrides[%d] match %r selects none of this host's devices: %s"
-                             % (position, override["match"],
-                                ", ".join("%s:%s %s" % (d["backend"], d["index"], d["name"]) for d in devices)
-                                or "(none detected)"))
+    unmatched = unmatched_overrides([devices, rpc_devices], overrides)
+    if unmatched:
+        module.fail_json(msg="; ".join(unmatched))
     if found["errors"] and params["strict"]:
         module.fail_json(msg="device probes failed: " + "; ".join(found["errors"]), errors=found["errors"],
                          tools=found["tools"])

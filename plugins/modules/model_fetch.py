@@ -17,7 +17,9 @@ description:
     and never downloaded again; a marker next to it lets later runs skip the hash.
   - Checks that the URLs answer and that the destination has room for what is missing before anything
     is written, so bad input fails before the host changes.
-author: llamafleet maintainers
+author: llamafleet maintainers (@llamafleet)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 options:
   files:
     description: Model files in shard order.
@@ -61,9 +63,13 @@ options:
 attributes:
   check_mode:
     support: full
+    details: Checks the sources and the free space, and reports which files would be fetched.
   diff_mode:
     support: full
+  platform:
+    platforms: posix
   idempotent:
+    description: A second run with the same parameters gives the same result and changes nothing.
     support: full
 """
 

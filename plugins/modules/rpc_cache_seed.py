@@ -24,8 +24,10 @@ description:
     service user, since whoever can write it can change the weights.
   - With O(prune), cache files that neither O(model) nor any of O(keep_models) needs are deleted.
   - Hashing uses the C(llamafleet-fnv1a64) helper built by the C(llamacpp_build) role (about 850 MB/s per
-    core); without it a pure-Python fallback gives the same hashes about fifty times slower, with a warning.
-author: llamafleet maintainers
+    core); without it a pure-Python fallback gives the same hashes 50 to 100 times slower, with a warning.
+author: llamafleet maintainers (@llamafleet)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 options:
   model:
     description:
@@ -82,7 +84,10 @@ attributes:
   diff_mode:
     support: full
     details: The cache file names and sizes before and after.
+  platform:
+    platforms: posix
   idempotent:
+    description: A second run with the same parameters changes nothing.
     support: full
 notes:
   - Every run hashes the model's large tensors and every cache file it keeps, so its cost is about

@@ -15,11 +15,14 @@ description:
     version it answers (major.minor.patch) and closes the connection at once.
   - rpc-server serves one client at a time, so the probe holds the connection for as short a time as
     possible. While a llama-server is connected to the rpc-server, probes wait and time out; the failure
-    message says so.
+    message says so. A probe that gives up resets its connection instead of closing it, because
+    rpc-server would otherwise answer the abandoned HELLO later and die of SIGPIPE.
   - Retries refused connections and timeouts until O(timeout) seconds have passed, so it can follow the
     start of the service. A peer that answers something other than a HELLO answer fails at once.
   - Runs wherever the task runs; delegate it to the orchestrator to test the path llama-server will use.
-author: llamafleet maintainers
+author: llamafleet maintainers (@llamafleet)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 options:
   host:
     description: Address of the rpc-server (numeric IPv4, as rpc-server binds, or a name).
@@ -44,7 +47,10 @@ attributes:
     details: Read-only; the probe runs in check mode too.
   diff_mode:
     support: none
+  platform:
+    platforms: posix
   idempotent:
+    description: A second run with the same parameters gives the same result and changes nothing.
     support: full
 seealso:
   - module: llamafleet.cluster.rpc_cache_seed

@@ -121,9 +121,9 @@ def test_reads_metadata_and_tensor_table(tmp_path: Path, version: int, byteorder
 
 
 def test_long_arrays_can_be_summarised(tmp_path: Path) -> None:
-    path = write_gguf(tmp_path / "m.gguf", {"toks": ["x"] * 50, "scores": [0.5] * 50, "few": [1, 2],
-                                              "nested": Typed("arr", [["a"], ["b", "c"]], "arr"),
-                                              "after": "still read"})
+    metadata = {"toks": ["x"] * 50, "scores": [0.5] * 50, "few": [1, 2],
+                "nested": Typed("arr", [["a"], ["b", "c"]], "arr"), "after": "still read"}
+    path = write_gguf(tmp_path / "m.gguf", metadata)
     meta = read_gguf(path, max_array_items=10).metadata
     assert meta["toks"] == ArraySummary("STRING", 50)
     assert meta["scores"] == ArraySummary("FLOAT32", 50)

@@ -158,8 +158,8 @@ def test_prune_removes_what_no_model_needs(model: Path, tmp_path: Path, fnv_help
     assert pruned.changed
     assert pruned.pruned_files == ["0123456789abcdef", stale_tmp.name]
     assert pruned.pruned_bytes == 110
-    assert sorted(os.listdir(cache)) == sorted(list(_expected(model)) + ["README", fresh_tmp.name,
-                                                                          rpc_cache.INDEX_NAME])
+    left = sorted(list(_expected(model)) + ["README", fresh_tmp.name, rpc_cache.INDEX_NAME])
+    assert sorted(os.listdir(cache)) == left
     assert "0123456789abcdef 100" in pruned.diff["before"] and "0123456789abcdef" not in pruned.diff["after"]
 
 
@@ -215,8 +215,8 @@ def test_python_fallback_warns(model: Path, tmp_path: Path, monkeypatch: pytest.
     assert sorted(os.listdir(tmp_path / "cache")) == sorted(list(_expected(model)) + [rpc_cache.INDEX_NAME])
 
 
-def test_source_changing_while_seeding_publishes_nothing(model: Path, tmp_path: Path, fnv_helper: str,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_source_changing_while_seeding_publishes_nothing(
+        model: Path, tmp_path: Path, fnv_helper: str, monkeypatch: pytest.MonkeyPatch) -> None:
     def bad_copy(src_path, offset, length, dst_fd):
         os.write(dst_fd, b"\0" * length)
 

@@ -100,7 +100,7 @@ def serve() -> Iterator[Callable[..., int]]:
         def loop() -> None:
             while not stop.is_set():
                 try:
-                    conn, _ = listener.accept()
+                    conn = listener.accept()[0]
                 except (socket.timeout, OSError):
                     continue
                 with conn:
@@ -224,3 +224,41 @@ def test_wait_for_hello_retries(monkeypatch: pytest.MonkeyPatch, outcomes: list[
 def test_wait_for_hello_real_socket(serve) -> None:
     result = wait_for_hello("127.0.0.1", serve(v7_server), timeout=5)
     assert result.version == (7, 0, 0) and result.attempts == 1
+
+
+def test_a_probe_that_gives_up_resets_its_connection() -> None:
+    """When the server gets to the probe, its answer must fail softly.
+
+    After a normal close, rpc-server's first send to the vanished peer succeeds and
+    the second raises SIGPIPE, which kills it. After a reset the queued HELLO is
+    still readable, but the first send fails with ECONNRESET (no signal).
+    """
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    with listener:
+        port = listener.getsockname()[1]
+        with pytest.raises(RPCTimeout):
+            rpc_hello("127.0.0.1", port, timeout=0.3)  # waits in the backlog, like behind a busy rpc-server
+        conn = listener.accept()[0]
+        with conn:
+            conn.settimeout(5)
+            assert _recv(conn, 33) == hello_request()
+            with pytest.raises(ConnectionResetError):
+                conn.send(struct.pack("<Q", 28))
+
+
+def test_an_answered_probe_closes_normally(serve) -> None:
+    seen: list[bytes] = []
+
+    def server(conn: socket.socket) -> None:
+        v7_server(conn)
+        seen.append(conn.recv(64))  # the next read after the answer: end of stream, as rpc-server expects
+
+    port = serve(server)
+    rpc_hello("127.0.0.1", port, timeout=5)
+    for dummy in range(50):
+        if seen:
+            break
+        threading.Event().wait(0.05)
+    assert seen == [b""]

@@ -33,7 +33,7 @@ def server() -> Iterator[int]:
     def loop() -> None:
         while not stop.is_set():
             try:
-                conn, _ = listener.accept()
+                conn = listener.accept()[0]
             except OSError:
                 continue
             with conn:
