@@ -49,6 +49,11 @@ def lab_group_vars(mirror_base: str = MIRROR_URL, proxy_url: str = PROXY_URL) ->
         "model_files": [
             {"url": mirror_url(MODEL.subdir, MODEL.name, mirror_base), "sha256": MODEL.sha256},
         ],
+        # Lab hosts share this machine's cores and RAM: one thread per worker,
+        # and a memory cap per worker as an operator would set on a shared host.
+        "rpc_server_threads": 1,
+        "rpc_server_device_overrides": [{"match": "cpu", "max_mib": 4096}],
+        "llama_server_ctx_size": 2048,
     }
 
 

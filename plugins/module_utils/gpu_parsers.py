@@ -11,7 +11,8 @@ Each parser takes the text a tool printed and returns a list of *device dicts*::
         "name": str,             # the human name (product name, CPU model, ...)
         "total_mib": int | None, # None when the tool cannot tell
         "free_mib": int | None,
-        "integrated": bool,      # shares system memory (iGPU, Apple silicon, Jetson)
+        "integrated": bool,      # llama.cpp types it an integrated GPU (IGPU): used only
+                                 # when the host has no discrete GPU (Metal counts as a GPU)
         "source": str,           # which tool/format the figures came from
         # optional: "ggml_name" (llama.cpp's device name, e.g. CUDA0), "uuid", ...
     }
@@ -124,8 +125,9 @@ def parse_nvidia_smi_csv(text: str) -> list[dict[str, Any]]:
     Accepts the output with or without the header line and with or without units
     (``nounits``). The ``uuid`` column is optional. GPUs whose memory nvidia-smi
     cannot report (``[N/A]``, ``[Not Supported]``: Jetson, GB10 and other
-    unified-memory parts) get ``None`` figures and ``integrated: True``; plan
-    them with an inventory override.
+    unified-memory parts) get ``None`` figures and ``integrated: True`` (CUDA
+    reports such parts as integrated, which llama.cpp types IGPU); plan them
+    with an inventory override.
     """
     devices: list[dict[str, Any]] = []
     reader = csv.reader(io.StringIO(text), skipinitialspace=True)
@@ -169,7 +171,8 @@ def parse_rocm_smi_json(text: str) -> list[dict[str, Any]]:
 
     The document maps ``card0``, ``card1`` ... to ``VRAM Total Memory (B)`` and
     ``VRAM Total Used Memory (B)`` (decimal strings of bytes); with
-    ``--showproductname`` a card also has ``Card series``/``Card model``.
+    ``--showproductname`` a card also has ``Card Series``/``Card Model``
+    (capitalised differently across releases; matched case-insensitively).
     """
     data = _json(text, "rocm-smi")
     if not isinstance(data, dict):
@@ -179,8 +182,10 @@ def parse_rocm_smi_json(text: str) -> list[dict[str, Any]]:
         card = data[key]
         if not isinstance(card, dict):
             continue
-        total_b = card.get("VRAM Total Memory (B)")
-        used_b = card.get("VRAM Total Used Memory (B)")
+        # Key capitalisation differs between rocm-smi releases ("Card series" / "Card Series").
+        card = {str(k).lower(): v for k, v in card.items()}
+        total_b = card.get("vram total memory (b)")
+        used_b = card.get("vram total used memory (b)")
         if total_b is None:
             continue
         try:
@@ -188,7 +193,7 @@ def parse_rocm_smi_json(text: str) -> list[dict[str, Any]]:
             free = (int(total_b) - int(used_b)) // MIB if used_b is not None else None
         except (TypeError, ValueError):
             raise ParseError("rocm-smi %s: VRAM figures %r/%r are not byte counts" % (key, total_b, used_b)) from None
-        name = card.get("Card series") or card.get("Card SKU") or card.get("Card model") or key
+        name = card.get("card series") or card.get("card sku") or card.get("card model") or key
         devices.append(_device("rocm", int(key[4:]), str(name), total, free, "rocm-smi"))
     return devices
 
@@ -437,8 +442,9 @@ def parse_metal(memsize_text: str, wired_limit_text: str | None = None,
             raise ParseError("sysctl iogpu.wired_limit_mb printed %r, expected MiB" % wired_limit_text.strip()) from None
     working_set = metal_working_set_mib(memsize, wired)
     name = (chip_name or "").strip() or "Apple GPU"
-    return [_device("metal", 0, name, working_set, working_set, "sysctl hw.memsize", integrated=True,
-                    unified_mib=memsize // MIB)]
+    # llama.cpp's Metal device is of type GPU, not IGPU, so it is not "integrated" for device ordering.
+    return [_device("metal", 0, name, working_set, working_set, "sysctl hw.memsize", integrated=False,
+                    unified_memory_mib=memsize // MIB)]
 
 
 # ---------------------------------------------------------------------------
@@ -483,7 +489,7 @@ _GGML_DEVICE_LINE = re.compile(
     r"(?:^|\s)(?P<name>[A-Za-z][A-Za-z_]*[0-9]*): (?P<desc>.*) "
     r"\((?P<total>\d+) MiB, (?P<free>\d+) MiB free\)\s*$")
 _RPC_VERSION = re.compile(r"Starting RPC server v(\d+\.\d+\.\d+)")
-_RPC_FIELD = re.compile(r"^\s*(endpoint|local cache|transport)\s*:\s*(.*?)\s*$")
+_RPC_FIELD = re.compile(r"(?:^|\s)(endpoint|local cache|transport)\s+:\s*(.*?)\s*$")
 
 
 def parse_ggml_device_lines(text: str, source: str = "llama.cpp") -> list[dict[str, Any]]:
@@ -519,13 +525,13 @@ def parse_rpc_server_startup(text: str) -> dict[str, Any]:
         info["version"] = version.group(1)
     in_devices = False
     for line in text.splitlines():
-        field = _RPC_FIELD.match(line)
+        field = _RPC_FIELD.search(line)
         if field:
             key = {"endpoint": "endpoint", "local cache": "cache_dir", "transport": "transport"}[field.group(1)]
             value = field.group(2)
             info[key] = None if (key == "cache_dir" and value == "n/a") else value
             continue
-        if line.strip() == "Devices:":
+        if line.rstrip().endswith("Devices:") and not _GGML_DEVICE_LINE.search(line):
             in_devices = True
             continue
         if in_devices:

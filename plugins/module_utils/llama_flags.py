@@ -117,7 +117,7 @@ def rpc_server_features(help_text: str) -> dict[str, bool]:
 
 _VERSION_NEW = re.compile(r"version:\s*(?P<version>\S+)\s+\(build\s+(?P<build>\d+),\s*commit\s+(?P<commit>[^)\s]+)\)")
 _VERSION_OLD = re.compile(r"version:\s*(?P<build>\d+)\s+\((?P<commit>[^)\s]+)\)")
-_BUILT_WITH = re.compile(r"built with\s+(?P<compiler>.+?)\s+for\s+(?P<target>\S+)\s*$", re.M)
+_BUILT_WITH = re.compile(r"built with\s+(?P<compiler>.+?)\s+for\s+(?P<target>.+?)\s*$", re.M)
 
 
 def parse_version(text: str) -> dict[str, Any]:

@@ -44,8 +44,13 @@ _RPC_BUFFER = re.compile(r"^RPC(?P<local>\d+)\[(?P<endpoint>[^\]]+)\]$")
 _LOAD_MODE = re.compile(r"load_tensors: loading model tensors.*\(load_mode = (?P<mode>[^)]+)\)")
 
 
+def _empty_load() -> dict[str, Any]:
+    return {"devices": [], "layers": {}, "offloaded": None,
+            "buffers": {"model": {}, "kv": {}, "compute": {}, "output": {}}, "load_mode": None}
+
+
 def parse_load_log(text: str) -> dict[str, Any]:
-    """Parse a llama-server load log.
+    """Parse a llama-server load log; with several loads (a journal across restarts), the last one.
 
     Returns::
 
@@ -57,51 +62,54 @@ def parse_load_log(text: str) -> dict[str, Any]:
           "buffers": {"model": {"RPC0[10.77.0.11:50052]": 39.63, "CPU_Mapped": 170.0},
                       "kv": {...}, "compute": {...}, "output": {...}},
           "load_mode": "mmap" | None,
+          "loads": 1,       # how many loads the text holds
         }
 
     KV buffers are summed per buffer name (a model with sliding-window layers
-    has two KV caches). Only the first model load in the log is read.
+    has two KV caches). A new load starts at a ``using device`` line that
+    follows anything else than ``using device`` lines.
     """
-    devices: list[dict[str, Any]] = []
-    layers: dict[int, str] = {}
-    buffers: dict[str, dict[str, float]] = {"model": {}, "kv": {}, "compute": {}, "output": {}}
-    offloaded = None
-    load_mode = None
-    seen_names: set[str] = set()
+    loads: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
+    in_device_block = False
     for line in text.splitlines():
         match = _USING_DEVICE.search(line)
         if match:
+            if current is None or not in_device_block:
+                current = _empty_load()
+                loads.append(current)
+            in_device_block = True
             name = match.group("name")
-            if name in seen_names:
-                continue
-            seen_names.add(name)
             desc = match.group("desc")
-            devices.append({
+            current["devices"].append({
                 "name": name,
                 "description": desc,
                 "free_mib": int(match.group("free")),
                 "endpoint": desc if name.startswith("RPC") else None,
             })
             continue
+        if current is None:
+            continue
+        in_device_block = False
         match = _LAYER.search(line)
         if match:
-            layers.setdefault(int(match.group("il")), match.group("dev"))
+            current["layers"].setdefault(int(match.group("il")), match.group("dev"))
             continue
         match = _OFFLOADED.search(line)
-        if match and offloaded is None:
-            offloaded = [int(match.group("n")), int(match.group("m"))]
+        if match:
+            current["offloaded"] = [int(match.group("n")), int(match.group("m"))]
             continue
         match = _LOAD_MODE.search(line)
-        if match and load_mode is None:
-            load_mode = match.group("mode")
+        if match:
+            current["load_mode"] = match.group("mode")
             continue
         match = _BUFFER.search(line)
         if match:
-            kind = _BUFFER_KINDS[match.group("kind")]
-            table = buffers[kind]
+            table = current["buffers"][_BUFFER_KINDS[match.group("kind")]]
             table[match.group("buf")] = round(table.get(match.group("buf"), 0.0) + float(match.group("mib")), 2)
-    return {"devices": devices, "layers": layers, "offloaded": offloaded, "buffers": buffers,
-            "load_mode": load_mode}
+    result = loads[-1] if loads else _empty_load()
+    result["loads"] = len(loads)
+    return result
 
 
 def device_for_buffer(buffer_name: str, devices: Sequence[Mapping[str, Any]]) -> str | None:

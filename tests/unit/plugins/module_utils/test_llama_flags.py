@@ -1,0 +1,300 @@
+"""llama_flags: flag detection from real --help texts, argv rendering by feature, systemd quoting and units."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.llamafleet.cluster.plugins.module_utils.llama_flags import (
+    FlagError,
+    binary_from_usage,
+    detect_features,
+    load_mode_args,
+    parse_help_flags,
+    parse_version,
+    pick_binary,
+    render_llama_server_argv,
+    render_rpc_server_argv,
+    render_systemd_unit,
+    rpc_server_features,
+    server_features,
+    systemd_exec,
+    systemd_quote,
+)
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llamacpp"
+SERVER_HELP = (FIXTURES / "llama-server_0c1e570_help_real.txt").read_text()
+OLD_SERVER_HELP = (FIXTURES / "llama-server_no-mmap-era_help_excerpt_reconstructed.txt").read_text()
+RPC_HELP = (FIXTURES / "ggml-rpc-server_0c1e570_help_real.txt").read_text()
+OLD_RPC_HELP = (FIXTURES / "rpc-server_with-mem_help_reconstructed.txt").read_text()
+NEW = server_features(SERVER_HELP)
+OLD = server_features(OLD_SERVER_HELP)
+
+PLAN = {
+    "rpc": ["10.77.0.11:50052", "10.77.0.12:50052"],
+    "devices": [{"name": "RPC0"}, {"name": "RPC1"}, {"name": "CUDA0"}],
+    "device_names": ["RPC0", "RPC1", "CUDA0"],
+    "tensor_split": [11, 8, 14],
+    "ngl": 33,
+    "split_mode": "layer",
+    "ctx_size": 8192,
+    "n_parallel": 2,
+    "cache_type_k": "f16",
+    "cache_type_v": "f16",
+}
+BIN = "/opt/llamafleet/llama.cpp/b1/bin/llama-server"
+MODEL = "/var/lib/llamafleet/models/m.gguf"
+
+
+# --- detection -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("feature, new, old", [
+    ("rpc", True, True),
+    ("tensor_split", True, True),
+    ("split_mode", True, True),
+    ("n_gpu_layers", True, True),
+    ("device", True, True),
+    ("fit", True, False),
+    ("load_mode", True, False),
+    ("no_mmap", False, True),
+    ("mlock", False, True),
+    ("metrics", True, True),
+    ("api_key_file", True, True),
+    ("ctx_size", True, True),
+    ("parallel", True, True),
+    ("chat_template", True, True),
+    ("log_verbosity", True, True),
+])
+def test_server_features(feature: str, new: bool, old: bool) -> None:
+    assert (NEW[feature], OLD[feature]) == (new, old)
+
+
+def test_flags_only_from_the_flag_column() -> None:
+    flags = parse_help_flags(SERVER_HELP)
+    assert "--cpu-range-batch" in flags and "-Crb" in flags
+    # "-----  common params -----" headers and "- auto: mmap ..." description bullets are not flags
+    assert not [f for f in flags if f.startswith("---") or f == "-"]
+    # a flag named only inside a description does not count
+    text = "--foo                     replaces --no-mmap (removed)\n"
+    assert parse_help_flags(text) == ["--foo"]
+
+
+def test_aligned_old_layout_keeps_both_spellings() -> None:
+    assert parse_help_flags(OLD_RPC_HELP) == ["-h", "--help", "-t", "--threads", "-H", "--host", "-p", "--port",
+                                              "-m", "--mem", "-c", "--cache"]
+
+
+@pytest.mark.parametrize("text, expected", [
+    (RPC_HELP, {"host": True, "port": True, "threads": True, "device": True, "cache": True, "mem": False}),
+    (OLD_RPC_HELP, {"host": True, "port": True, "threads": True, "device": False, "cache": True, "mem": True}),
+])
+def test_rpc_server_features(text: str, expected: dict) -> None:
+    assert rpc_server_features(text) == expected
+
+
+def test_binary_names() -> None:
+    assert binary_from_usage(RPC_HELP) == "ggml-rpc-server"
+    assert binary_from_usage(OLD_RPC_HELP) == "rpc-server"
+    assert binary_from_usage(SERVER_HELP) is None
+    assert pick_binary(["llama-server", "rpc-server", "ggml-rpc-server"]) == "ggml-rpc-server"
+    assert pick_binary(["llama-server", "llama-rpc-server"]) == "llama-rpc-server"
+    assert pick_binary(["llama-server"]) is None
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("llama-server_0c1e570_version_real.txt",
+     {"version": "0.5.0-dev", "build": 0, "commit": None, "compiler": "GNU 12.2.0", "target": "Linux x86_64"}),
+    ("llama-server_build-number-era_version_reconstructed.txt",
+     {"version": None, "build": 4589, "commit": "a1b2c3d4", "compiler": "cc (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0",
+      "target": "x86_64-linux-gnu"}),
+])
+def test_parse_version(name: str, expected: dict) -> None:
+    assert parse_version((FIXTURES / name).read_text()) == expected
+
+
+def test_parse_version_with_commit() -> None:
+    assert parse_version("version: 0.5.0 (build 6123, commit 0c1e570)\n")["commit"] == "0c1e570"
+    with pytest.raises(FlagError, match="not llama.cpp --version output"):
+        parse_version("error: unknown argument: --version\n")
+
+
+def test_detect_features() -> None:
+    found = detect_features(SERVER_HELP, RPC_HELP, (FIXTURES / "llama-server_0c1e570_version_real.txt").read_text())
+    assert found["llama_server"]["fit"] and found["rpc_server"]["cache"] and found["version"]["version"]
+    assert detect_features() == {"llama_server": {}, "rpc_server": {}, "version": None}
+
+
+# --- rpc-server argv -------------------------------------------------------------------------------
+
+RPC_NEW = rpc_server_features(RPC_HELP)
+RPC_OLD = rpc_server_features(OLD_RPC_HELP)
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    ({}, ["-H", "127.0.0.1", "-p", "50052"]),
+    ({"host": "10.77.0.11", "port": 50053, "threads": 2, "devices": ["CUDA0", "CUDA1"], "cache": True},
+     ["-H", "10.77.0.11", "-p", "50053", "-t", "2", "-d", "CUDA0,CUDA1", "-c"]),
+])
+def test_rpc_server_argv(kwargs: dict, expected: list[str]) -> None:
+    assert render_rpc_server_argv("/b/ggml-rpc-server", RPC_NEW, **kwargs) == ["/b/ggml-rpc-server"] + expected
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"devices": ["CUDA0"]}, "rpc-server of this build has no flag for choosing devices"),
+    ({"threads": 0}, "at least 1"),
+])
+def test_rpc_server_argv_refuses_what_the_build_lacks(kwargs: dict, message: str) -> None:
+    with pytest.raises(FlagError, match=message):
+        render_rpc_server_argv("/b/rpc-server", RPC_OLD, **kwargs)
+
+
+def test_rpc_server_device_names_are_checked() -> None:
+    with pytest.raises(FlagError, match="'CUDA0 --evil'"):
+        render_rpc_server_argv("/b/ggml-rpc-server", RPC_NEW, devices=["CUDA0 --evil"])
+
+
+# --- llama-server argv -----------------------------------------------------------------------------
+
+def test_llama_server_argv_current_build() -> None:
+    argv = render_llama_server_argv(BIN, PLAN, NEW, MODEL, host="0.0.0.0", port=8080, metrics=True,
+                                    api_key_file="/etc/llamafleet/llama-server.key", chat_template="gemma",
+                                    load_mode="none", log_verbosity=3, extra_args=["--no-warmup"])
+    assert argv == [
+        BIN, "-m", MODEL, "--rpc", "10.77.0.11:50052,10.77.0.12:50052", "-ngl", "33", "-sm", "layer",
+        "-ts", "11,8,14", "--fit", "off", "-c", "8192", "-np", "2", "--host", "0.0.0.0", "--port", "8080",
+        "--metrics", "--api-key-file", "/etc/llamafleet/llama-server.key", "--chat-template", "gemma",
+        "-lm", "none", "-lv", "3", "--no-warmup",
+    ]
+
+
+def test_llama_server_argv_old_build() -> None:
+    argv = render_llama_server_argv(BIN, PLAN, OLD, [MODEL, "/ignored/shard2.gguf"], load_mode="mlock")
+    assert "--fit" not in argv and "-lm" not in argv
+    assert argv[-2:] == ["--no-mmap", "--mlock"]
+    assert argv[1:3] == ["-m", MODEL]
+
+
+def test_pinned_devices_come_after_rpc() -> None:
+    argv = render_llama_server_argv(BIN, PLAN, NEW, MODEL, pin_devices=True)
+    assert argv.index("--device") > argv.index("--rpc")
+    assert argv[argv.index("--device") + 1] == "RPC0,RPC1,CUDA0"
+
+
+def test_single_device_plan_needs_no_split_and_quantized_kv_is_rendered() -> None:
+    plan = dict(PLAN, rpc=[], devices=[{"name": "CUDA0"}], device_names=["CUDA0"], tensor_split=[33],
+                cache_type_k="q8_0", cache_type_v="q8_0")
+    argv = render_llama_server_argv(BIN, plan, NEW, MODEL)
+    assert "--rpc" not in argv and "-ts" not in argv
+    assert argv[argv.index("-ctk") + 1] == "q8_0" and argv[argv.index("-ctv") + 1] == "q8_0"
+
+
+@pytest.mark.parametrize("features, kwargs, message", [
+    ({**NEW, "rpc": False}, {}, "no flag for RPC workers"),
+    (OLD, {"load_mode": "dio"}, "needs -lm/--load-mode"),
+    ({**OLD, "mlock": False}, {"load_mode": "mmap+mlock"}, "needs --mlock"),
+    (NEW, {"load_mode": "fast"}, "load_mode 'fast' is not one of"),
+    ({**NEW, "metrics": False}, {"metrics": True}, "the metrics endpoint"),
+])
+def test_llama_server_argv_errors(features: dict, kwargs: dict, message: str) -> None:
+    with pytest.raises(FlagError, match=message):
+        render_llama_server_argv(BIN, PLAN, features, MODEL, **kwargs)
+
+
+@pytest.mark.parametrize("mode, new, old", [
+    ("auto", [], []),
+    (None, [], []),
+    ("mmap", ["-lm", "mmap"], []),
+    ("none", ["-lm", "none"], ["--no-mmap"]),
+    ("mlock", ["-lm", "mlock"], ["--no-mmap", "--mlock"]),
+    ("mmap+mlock", ["-lm", "mmap+mlock"], ["--mlock"]),
+])
+def test_load_mode_args(mode: str | None, new: list[str], old: list[str]) -> None:
+    assert (load_mode_args(mode, NEW), load_mode_args(mode, OLD)) == (new, old)
+
+
+# --- systemd -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arg, quoted", [
+    ("/opt/llama/bin/llama-server", "/opt/llama/bin/llama-server"),
+    ("10.0.0.1:50052,10.0.0.2:50052", "10.0.0.1:50052,10.0.0.2:50052"),
+    ("my model.gguf", '"my model.gguf"'),
+    ("", '""'),
+    ("100%", '"100%%"'),
+    ("$HOME", '"$$HOME"'),
+    ('say "hi"', '"say \\"hi\\""'),
+    ("a\\b", '"a\\\\b"'),
+    ("line\nbreak", '"line\\nbreak"'),
+    ("it's", '"it\'s"'),
+])
+def test_systemd_quote(arg: str, quoted: str) -> None:
+    assert systemd_quote(arg) == quoted
+
+
+def test_systemd_exec_groups_options_with_values() -> None:
+    assert systemd_exec(["/bin/x", "-m", "/m.gguf", "--metrics", "-ts", "1,2", "positional"]) == (
+        "/bin/x \\\n    -m /m.gguf \\\n    --metrics \\\n    -ts 1,2 \\\n    positional")
+    with pytest.raises(FlagError, match="absolute path"):
+        systemd_exec(["llama-server"])
+
+
+def test_unit_text() -> None:
+    argv = render_llama_server_argv(BIN, PLAN, NEW, MODEL, chat_template="{{ bos }} 50% $X")
+    unit = render_systemd_unit(argv, header="#\n# Ansible managed\n#", description="llamafleet llama-server",
+                               user="llamafleet", read_write_paths=["/var/lib/llamafleet"],
+                               environment={"LLAMA_CACHE": "/var/lib/llamafleet/cache"},
+                               exec_start_pre=[["/usr/local/libexec/llamafleet-rpc-wait"] + PLAN["rpc"]],
+                               comments=["llama.cpp build b1"], limit_memlock_infinity=True, timeout_start_sec=600)
+    lines = unit.splitlines()
+    assert lines[:5] == ["#", "# Ansible managed", "#", "# llama.cpp build b1", "[Unit]"]
+    for directive in ("User=llamafleet", "Group=llamafleet", "Restart=on-failure", "NoNewPrivileges=yes",
+                      "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "ReadWritePaths=/var/lib/llamafleet",
+                      "CapabilityBoundingSet=", "LimitMEMLOCK=infinity", "TimeoutStartSec=600",
+                      'Environment="LLAMA_CACHE=/var/lib/llamafleet/cache"', "WantedBy=multi-user.target"):
+        assert directive in lines, directive
+    # GPU device nodes must stay visible: none of the directives that install a device allow-list
+    for absent in ("PrivateDevices=yes", "ProtectClock=yes", "ProtectKernelLogs=yes", "DevicePolicy=closed"):
+        assert absent not in lines
+    assert '--chat-template "{{ bos }} 50%% $$X"' in unit
+    assert lines.index("ExecStartPre=/usr/local/libexec/llamafleet-rpc-wait \\") < [
+        i for i, line in enumerate(lines) if line.startswith("ExecStart=")][0]
+
+
+def test_unit_rejects_relative_working_directory_and_bad_env() -> None:
+    with pytest.raises(FlagError, match="absolute path"):
+        render_systemd_unit(["/bin/true"], working_directory="var/lib")
+    with pytest.raises(FlagError, match="not valid"):
+        render_systemd_unit(["/bin/true"], environment={"A B": "x"})
+
+
+def _unquote_like_systemd(value: str) -> list[str]:
+    """Split an ExecStart value back into words: continuations, %% and $$, then double quotes with \\ and \"
+    (for arguments without newlines or tabs POSIX shell splitting treats these exactly like systemd)."""
+    joined = value.replace(" \\\n", " ").replace("%%", "%").replace("$$", "$")
+    return shlex.split(joined, posix=True)
+
+
+@pytest.mark.parametrize("argv", [
+    ["/bin/x", "-m", "/models/my model.gguf", "--chat-template", "{% if x %}100%{% endif %}"],
+    ["/bin/x", "--api-key-file", "/etc/k", "--host", "0.0.0.0", "--empty", ""],
+    ["/bin/x", "--chat-template", 'a "quoted" \\path\\ $VAR %% done', "-x"],
+])
+def test_systemd_exec_round_trips(argv: list[str]) -> None:
+    assert _unquote_like_systemd(systemd_exec(argv)) == argv
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
+def test_systemd_analyze_accepts_the_unit(tmp_path: Path) -> None:
+    argv = render_llama_server_argv("/bin/true", PLAN, NEW, "/models/my model.gguf", chat_template='a "b" 5% $c')
+    unit = tmp_path / "llamafleet-llama-server.service"
+    unit.write_text(render_systemd_unit(argv, header="# managed", user="root",
+                                        exec_start_pre=[["/bin/true", "10.77.0.11:50052"]],
+                                        read_write_paths=[str(tmp_path)]))
+    done = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True,
+                          check=False)
+    problems = [line for line in done.stderr.splitlines()
+                if "llamafleet-llama-server.service" in line and "Special user" not in line]
+    assert done.returncode == 0 and not problems, done.stderr

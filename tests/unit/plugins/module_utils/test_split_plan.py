@@ -1,0 +1,518 @@
+"""split_plan: llama.cpp's device order and -ts mapping, the memory-proportional planner, its errors, election.
+
+The reference behaviour comes from real llama-server runs (llama.cpp 0c1e570) recorded under
+tests/unit/fixtures/llamacpp: see the README there.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ansible_collections.llamafleet.cluster.plugins.module_utils.log_parse import (
+    buffers_by_device,
+    compare_with_plan,
+    parse_load_log,
+)
+from ansible_collections.llamafleet.cluster.plugins.module_utils.split_plan import (
+    MAX_DEVICES,
+    PlanError,
+    assign_layers,
+    elect_orchestrator,
+    kv_bytes_per_layer,
+    kv_cells,
+    layers_from_split,
+    model_devices,
+    plan_split,
+)
+
+MIB = 2**20
+GIB = 2**30
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llamacpp"
+GEMMA = json.loads((FIXTURES / "gemma-3-270m-q4_k_m_model_facts.json").read_text())
+REAL_MODEL = Path("/var/cache/llamafleet/models/gemma-3-270m-q4_k_m.gguf")
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+def gpu(backend: str, index: int, total: int, free: int | None = None, name: str = "", **extra: Any) -> dict:
+    return {"backend": backend, "index": index, "name": name or "%s GPU %d" % (backend, index), "total_mib": total,
+            "free_mib": total if free is None else free, "integrated": False, **extra}
+
+
+def cpu(free: int, **extra: Any) -> dict:
+    return {"backend": "cpu", "index": 0, "name": "AMD EPYC", "ggml_name": "CPU", "total_mib": free,
+            "free_mib": free, "integrated": False, **extra}
+
+
+def worker(host: str, *devices: dict, address: str | None = None, port: int = 50052) -> dict:
+    return {"host": host, "address": address or "10.0.0.%d" % (int(host[-1]) + 10), "port": port,
+            "devices": list(devices)}
+
+
+def model(n_layer: int = 32, layer_mib: float = 200, output_mib: float = 400, embd_mib: float = 400,
+          kv_width: int = 1024) -> dict:
+    """A llama-like model: uniform layers, 1024-wide K and V per layer (8 KV heads x 128)."""
+    return {
+        "arch": "llama", "n_layer": n_layer, "n_embd": 4096, "n_head": 32, "n_head_kv": 8,
+        "n_embd_k_gqa": [kv_width] * n_layer, "n_embd_v_gqa": [kv_width] * n_layer, "n_ctx_train": 8192,
+        "layer_bytes": [int(layer_mib * MIB)] * n_layer, "output_bytes": int(output_mib * MIB),
+        "token_embd_bytes": int(embd_mib * MIB), "other_bytes": 0,
+        "kv_bytes_per_token_f16": n_layer * kv_width * 4, "sliding_window": None,
+    }
+
+
+def check_invariants(plan: dict, facts: dict) -> None:
+    """What must hold for every plan: counts cover the model, llama.cpp reproduces them, nothing overflows."""
+    counts = plan["tensor_split"]
+    assert sum(counts) == facts["n_layer"] + 1 == plan["ngl"]
+    assert layers_from_split(counts, facts["n_layer"]) == counts
+    starts = [d["layers"]["start"] for d in plan["devices"]]
+    assert starts == [sum(counts[:i]) for i in range(len(counts))]
+    with_output = [d for d in plan["devices"] if d["layers"]["output"]]
+    assert len(with_output) == 1 and with_output[0]["layers"]["end"] == facts["n_layer"] + 1
+    for dev in plan["devices"]:
+        assert dev["total_mib"] <= dev["usable_mib"], dev
+    assert plan["device_names"] == [d["name"] for d in plan["devices"]]
+
+
+# --- layers_from_split against llama.cpp -------------------------------------------------------
+
+@pytest.mark.parametrize("split, n_layer, expected", [
+    ([11, 8], 18, [11, 8]),                 # recorded: -ts 11,8 (lv4 log: KV 1 dense layer on RPC0, 2 on RPC1)
+    ([1, 1, 1], 18, [7, 6, 6]),             # recorded with -lv 5
+    ([0.1, 0.5, 1.3], 18, [1, 6, 12]),      # recorded with -lv 5; exact arithmetic says [1, 5, 13]
+    ([13, 5, 1], 18, [13, 5, 1]),           # recorded: the planner's own split
+    ([3, 1], 31, [24, 8]),
+    ([0, 5, 0, 5], 9, [0, 5, 0, 5]),
+    ([1], 80, [81]),
+    ([24, 12, 8], 79, [44, 22, 14]),
+])
+def test_layers_from_split(split: list[float], n_layer: int, expected: list[int]) -> None:
+    assert layers_from_split(split, n_layer) == expected
+
+
+def test_fewer_gpu_layers_keep_the_first_units_on_the_cpu() -> None:
+    assert assign_layers([1, 1], 5, n_gpu_layers=4) == [-1, -1, 0, 0, 1, 1]
+    assert layers_from_split([1, 1], 5, n_gpu_layers=4) == [2, 2]
+    assert layers_from_split([1, 1], 5, n_gpu_layers=0) == [0, 0]
+
+
+@pytest.mark.parametrize("split, message", [
+    ([], "empty"),
+    ([1, -1], "negative"),
+    ([0, 0], "all-zero"),
+])
+def test_layers_from_split_rejects(split: list[float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        layers_from_split(split, 10)
+
+
+def test_integer_counts_always_round_trip() -> None:
+    rng = random.Random(7)
+    for _ in range(2000):
+        n_layer = rng.randint(1, 160)
+        devices = rng.randint(1, MAX_DEVICES)
+        cuts = sorted(rng.randint(0, n_layer + 1) for _ in range(devices - 1))
+        counts = [b - a for a, b in zip([0] + cuts, cuts + [n_layer + 1])]
+        assert layers_from_split(counts, n_layer) == counts, (counts, n_layer)
+
+
+@pytest.mark.parametrize("log_name, split", [
+    ("llama-server_0c1e570_lv5_gemma270m_3dev_ts1-1-1_real.log", [1, 1, 1]),
+    ("llama-server_0c1e570_lv5_gemma270m_3dev_ts0.1-0.5-1.3_real.log", [0.1, 0.5, 1.3]),
+    ("llama-server_0c1e570_lv5_gemma270m_planned-13-5-1_real.log", [13, 5, 1]),
+])
+def test_assign_layers_matches_every_logged_layer(log_name: str, split: list[float]) -> None:
+    parsed = parse_load_log((FIXTURES / log_name).read_text())
+    names = [d["name"] for d in parsed["devices"]]
+    logged = [names.index(parsed["layers"][il]) for il in range(GEMMA["n_layer"] + 1)]
+    assert assign_layers(split, GEMMA["n_layer"]) == logged
+
+
+# --- KV sizing -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("ctx, n_parallel, unified, expected", [
+    (4096, 1, False, 4096),
+    (4096, 2, False, 4096),
+    (1000, 1, False, 1024),
+    (1000, 3, False, 1536),
+    (1000, 3, True, 1024),
+    (8192, 4, False, 8192),
+])
+def test_kv_cells(ctx: int, n_parallel: int, unified: bool, expected: int) -> None:
+    assert kv_cells(ctx, n_parallel, unified) == expected
+
+
+def test_kv_per_layer_matches_the_real_log() -> None:
+    # lv4 log, -c 4096 -np 2: non-SWA cache 12 MiB over 3 layers, SWA cache 30 MiB over 15 layers (1024 cells x 2)
+    kv = kv_bytes_per_layer(GEMMA, 4096, 2)
+    dense = [il for il in range(18) if il % 6 == 5]
+    assert dense == [5, 11, 17]
+    assert sum(kv[il] for il in dense) == 12 * MIB
+    assert sum(kv[il] for il in range(18) if il not in dense) == 30 * MIB
+
+
+@pytest.mark.parametrize("k, v, factor", [
+    ("f16", None, 1.0),
+    ("f32", None, 2.0),
+    ("q8_0", None, 34 / 64),
+    ("q4_0", "q4_0", 18 / 64),
+    ("q8_0", "f16", (34 / 64 + 1) / 2),
+])
+def test_kv_cache_types_scale(k: str, v: str | None, factor: float) -> None:
+    facts = model(n_layer=2)
+    base = sum(kv_bytes_per_layer(facts, 4096, 1))
+    assert sum(kv_bytes_per_layer(facts, 4096, 1, k, v)) == pytest.approx(base * factor)
+
+
+def test_kv_full_context_without_swa() -> None:
+    assert kv_bytes_per_layer(GEMMA, 4096, 2, swa=False) == [4 * MIB] * 18
+
+
+# --- device order ------------------------------------------------------------------------------
+
+def test_device_order_rpc_first_then_local_discrete() -> None:
+    devices = model_devices(
+        [worker("w1", gpu("cuda", 0, 12288)), worker("w2", gpu("cuda", 0, 8192), gpu("cuda", 1, 8192))],
+        {"host": "orch", "devices": [gpu("cuda", 1, 24576), gpu("cuda", 0, 24576), cpu(64000)]})
+    assert [(d["name"], d["buffer_name"], d["host"]) for d in devices] == [
+        ("RPC0", "RPC0[10.0.0.11:50052]", "w1"),
+        ("RPC1", "RPC0[10.0.0.12:50052]", "w2"),
+        ("RPC2", "RPC1[10.0.0.12:50052]", "w2"),
+        ("CUDA0", "CUDA0", "orch"),
+        ("CUDA1", "CUDA1", "orch"),
+    ]
+
+
+@pytest.mark.parametrize("local, expected", [
+    ([gpu("vulkan", 0, 16000), gpu("vulkan", 1, 8000, integrated=True)], ["Vulkan0"]),
+    ([gpu("vulkan", 0, 8000, integrated=True)], ["Vulkan0"]),
+    ([gpu("metal", 0, 21845)], ["MTL0"]),
+    ([cpu(32000)], []),
+    ([], []),
+])
+def test_local_integrated_only_without_discrete(local: list[dict], expected: list[str]) -> None:
+    devices = model_devices([worker("w1", cpu(8000))], {"host": "orch", "devices": local})
+    assert [d["name"] for d in devices] == ["RPC0"] + expected
+
+
+# --- the planner ---------------------------------------------------------------------------------
+
+def test_mixed_gpu_fleet_24_12_8_without_local_gpus() -> None:
+    facts = model(n_layer=40, layer_mib=400, output_mib=800)  # ~16.8 GB of weights
+    plan = plan_split([worker("w1", gpu("cuda", 0, 24576)), worker("w2", gpu("cuda", 0, 12288)),
+                       worker("w3", gpu("rocm", 0, 8192))], {"host": "orch", "devices": []}, facts,
+                      ctx_size=8192, n_parallel=2)
+    check_invariants(plan, facts)
+    assert plan["rpc"] == ["10.0.0.11:50052", "10.0.0.12:50052", "10.0.0.13:50052"]
+    assert plan["device_names"] == ["RPC0", "RPC1", "RPC2"]
+    a, b, c = plan["tensor_split"]
+    assert a > b > c > 0
+    fills = [d["fill_pct"] for d in plan["devices"]]
+    assert max(fills) - min(fills) < 10, fills  # proportional to usable memory
+    assert plan["ngl"] == 41 and plan["orchestrator"] == "orch"
+    assert plan["totals"]["weights_mib"] == 40 * 400 + 800
+    assert plan["warnings"] == []
+
+
+def test_orchestrator_gpu_comes_last_and_gets_the_output_layer() -> None:
+    facts = model()
+    plan = plan_split([worker("w1", gpu("cuda", 0, 12288)), worker("w2", gpu("cuda", 0, 8192))],
+                      {"host": "orch", "devices": [gpu("cuda", 0, 24576), cpu(64000)]}, facts, ctx_size=4096)
+    check_invariants(plan, facts)
+    assert plan["device_names"] == ["RPC0", "RPC1", "CUDA0"]
+    assert plan["rpc"] == ["10.0.0.11:50052", "10.0.0.12:50052"]
+    last = plan["devices"][-1]
+    assert (last["local"], last["endpoint"], last["layers"]["output"]) == (True, None, True)
+    assert last["layers"]["range"].endswith("+output")
+
+
+def test_cpu_only_lab_workers_capped_by_inventory() -> None:
+    plan = plan_split([worker("w1", cpu(24105, max_mib=300)), worker("w2", cpu(24105, max_mib=200), cpu(24105,
+                       max_mib=500))], {"host": "ctl", "devices": []}, GEMMA, ctx_size=8192, n_parallel=2,
+                      compute_mib=64)
+    check_invariants(plan, GEMMA)
+    assert plan["tensor_split"] == [13, 5, 1]  # run for real: see the planned-13-5-1 log
+    assert [d["usable_mib"] for d in plan["devices"]] == [300, 200, 500]
+
+
+def test_metal_and_cuda_workers() -> None:
+    facts = model(n_layer=32, layer_mib=300)
+    plan = plan_split([worker("w1", {"backend": "metal", "index": 0, "name": "Apple M2 Max", "ggml_name": "MTL0",
+                                     "total_mib": 49152, "free_mib": 49152, "integrated": False}),
+                       worker("w2", gpu("cuda", 0, 24576))], None, facts, ctx_size=8192)
+    check_invariants(plan, facts)
+    assert [d["backend"] for d in plan["devices"]] == ["metal", "cuda"]
+    assert plan["tensor_split"][0] > plan["tensor_split"][1]
+    assert plan["orchestrator"] is None
+
+
+def test_rpc_server_exposing_two_devices() -> None:
+    facts = model()
+    plan = plan_split([worker("w1", gpu("cuda", 0, 8192)),
+                       worker("w2", gpu("cuda", 0, 12288), gpu("cuda", 1, 12288))], None, facts, ctx_size=4096)
+    check_invariants(plan, facts)
+    assert plan["rpc"] == ["10.0.0.11:50052", "10.0.0.12:50052"]
+    assert [(d["name"], d["buffer_name"]) for d in plan["devices"]] == [
+        ("RPC0", "RPC0[10.0.0.11:50052]"), ("RPC1", "RPC0[10.0.0.12:50052]"), ("RPC2", "RPC1[10.0.0.12:50052]")]
+
+
+def test_share_that_would_overflow_is_capped_and_redistributed() -> None:
+    # 9 layers + output of 300 MiB, no KV. Capacity shares put 1061.5 MiB on the 1150 MiB device, whose nearest
+    # layer boundary (4 units = 1200 MiB) does not fit: it keeps 3 units and the rest goes to the next device.
+    facts = model(n_layer=9, layer_mib=300, output_mib=300, kv_width=0)
+    plan = plan_split([worker("w1", cpu(1150)), worker("w2", cpu(2100))], None, facts, ctx_size=256, compute_mib=0)
+    check_invariants(plan, facts)
+    assert plan["tensor_split"] == [3, 7]
+    assert [d["total_mib"] for d in plan["devices"]] == [900, 2100]
+
+
+def test_last_device_too_small_for_the_output_layer_gets_nothing() -> None:
+    plan = plan_split([worker("w1", cpu(2000)), worker("w2", cpu(150))], None, GEMMA, ctx_size=1024,
+                      compute_mib=16)
+    check_invariants(plan, GEMMA)
+    assert plan["tensor_split"] == [19, 0]
+    assert "RPC1 (host w2" in plan["warnings"][0] and "gets no layers" in plan["warnings"][0]
+
+
+def test_reserve_and_cap_limit_usable_memory() -> None:
+    facts = model()
+    plan = plan_split([worker("w1", gpu("cuda", 0, 24576, reserve_mib=2048, max_mib=16384)),
+                       worker("w2", gpu("cuda", 0, 24576, free=20000, reserve_mib=1000))], None, facts,
+                      ctx_size=4096)
+    assert [d["usable_mib"] for d in plan["devices"]] == [16384, 19000]
+    check_invariants(plan, facts)
+
+
+def test_manual_split_is_checked_and_reproduced() -> None:
+    facts = model()
+    fleet = [worker("w1", gpu("cuda", 0, 24576)), worker("w2", gpu("cuda", 0, 24576))]
+    plan = plan_split(fleet, None, facts, ctx_size=4096, tensor_split=[3, 1])
+    assert plan["manual"] is True
+    assert plan["tensor_split"] == [25, 8] == layers_from_split([3, 1], 32)
+    check_invariants(plan, facts)
+
+
+def test_manual_split_zero_for_a_device_that_has_no_memory() -> None:
+    facts = model(n_layer=8, layer_mib=100)
+    plan = plan_split([worker("w1", gpu("cuda", 0, 24576)), worker("w2", gpu("cuda", 0, 0))], None, facts,
+                      ctx_size=1024, tensor_split=[1, 0])
+    assert plan["tensor_split"] == [9, 0]
+
+
+def test_explanation_names_every_device() -> None:
+    plan = plan_split([worker("w1", cpu(1000)), worker("w2", cpu(1000))], {"host": "ctl"}, GEMMA, ctx_size=2048,
+                      compute_mib=64)
+    text = "\n".join(plan["explanation"])
+    for needle in ("gemma3: 18 layers + output = 19 units", "RPC0", "10.0.0.11:50052", "RPC1", "w2",
+                   "stay in ctl's RAM"):
+        assert needle in text
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+def test_fleet_too_small() -> None:
+    facts = model(n_layer=80, layer_mib=800, output_mib=1000)  # ~65 GB
+    with pytest.raises(PlanError) as err:
+        plan_split([worker("w1", gpu("cuda", 0, 24576)), worker("w2", gpu("cuda", 0, 12288))], None, facts,
+                   ctx_size=8192)
+    message = str(err.value)
+    assert "at ctx_size 8192 needs 67.0 GiB (weights 63.5, KV 2.5, compute 1.0)" in message
+    assert "the fleet has 36.0 GiB free on 2 devices" in message
+    assert message.endswith("add hosts or lower the context (ctx_size)")
+
+
+def test_context_alone_can_make_it_too_small() -> None:
+    fleet = [worker("w1", cpu(4000)), worker("w2", cpu(4000))]
+    facts = model(n_layer=8, layer_mib=200, kv_width=8192)
+    plan_split(fleet, None, facts, ctx_size=4096)
+    with pytest.raises(PlanError, match="lower the context"):
+        plan_split(fleet, None, facts, ctx_size=65536)
+
+
+def test_layers_that_do_not_pack() -> None:
+    facts = model(n_layer=9, layer_mib=300, output_mib=300, kv_width=0)
+    with pytest.raises(PlanError, match="do not pack into the devices in llama.cpp's order .*RPC0 10.0.0.11"):
+        plan_split([worker("w1", cpu(1150)), worker("w2", cpu(1950))], None, facts, ctx_size=256, compute_mib=0)
+
+
+def test_too_many_devices() -> None:
+    fleet = [worker("w%d" % (i % 10), gpu("cuda", 0, 8192), address="10.0.1.%d" % i) for i in range(16)]
+    with pytest.raises(PlanError, match="16 devices .* at most 15 .*split the fleet into clusters"):
+        plan_split(fleet, None, model(), ctx_size=4096)
+
+
+def test_fifteen_devices_are_fine() -> None:
+    fleet = [worker("w%d" % (i % 10), gpu("cuda", 0, 8192), address="10.0.1.%d" % i) for i in range(14)]
+    plan = plan_split(fleet, {"host": "orch", "devices": [gpu("cuda", 0, 8192)]}, model(), ctx_size=4096)
+    assert len(plan["devices"]) == 15
+
+
+@pytest.mark.parametrize("device, message", [
+    (gpu("cuda", 0, 8192, free=0), r"RPC1 \(host w2, 10.0.0.12:50052, cuda GPU 0\) has no usable memory"),
+    (gpu("cuda", 0, 8192, reserve_mib=9000), r"RPC1 \(host w2, .*\) has no usable memory"),
+    ({"backend": "cuda", "index": 0, "name": "GB10", "total_mib": None, "free_mib": None},
+     r"RPC1 \(host w2, .*GB10\) has no usable memory"),
+    (gpu("cuda", 0, 8192, max_mib=300), r"RPC1 .* has 300 MiB usable, not more than its compute margin of 512"),
+])
+def test_device_without_usable_memory(device: dict, message: str) -> None:
+    with pytest.raises(PlanError, match=message):
+        plan_split([worker("w1", gpu("cuda", 0, 24576)), worker("w2", device)], None, model(), ctx_size=4096)
+
+
+def test_manual_split_with_the_wrong_number_of_values() -> None:
+    with pytest.raises(PlanError) as err:
+        plan_split([worker("w1", gpu("cuda", 0, 24576)), worker("w2", gpu("cuda", 0, 24576))],
+                   {"host": "orch", "devices": [gpu("cuda", 0, 24576)]}, model(), ctx_size=4096,
+                   tensor_split=[1, 1])
+    assert str(err.value) == ("tensor_split: 2 values given, there are 3 devices in this order: "
+                              "RPC0 10.0.0.11:50052, RPC1 10.0.0.12:50052, CUDA0 orch local")
+
+
+@pytest.mark.parametrize("split, message", [
+    ([1, -1], r"tensor_split\[1\] \(RPC1\) is negative"),
+    ([0, 0], "all zeros"),
+    ([1, "a"], r"tensor_split\[1\] \(RPC1\) is 'a', expected a number"),
+    ([1, float("nan")], "expected a number"),
+    ([30, 1], r"puts 32 units \(7424 MiB with KV and compute margin\) on RPC0 \(host w1, .*\), which has 4096 MiB"),
+])
+def test_manual_split_errors(split: list[Any], message: str) -> None:
+    with pytest.raises(PlanError, match=message):
+        plan_split([worker("w1", gpu("cuda", 0, 4096)), worker("w2", gpu("cuda", 0, 24576))], None, model(),
+                   ctx_size=4096, tensor_split=split)
+
+
+@pytest.mark.parametrize("workers, orchestrator, message", [
+    ([], None, "no devices to place the model on"),
+    ([worker("w1")], None, r"worker w1 \(10.0.0.11:50052\) exposes no devices"),
+    ([worker("w1", cpu(8000)), worker("w2", cpu(8000), address="10.0.0.11")], None,
+     "workers w1 and w2 both use endpoint 10.0.0.11:50052"),
+    ([worker("w1", cpu(8000), port=70000)], None, "port 70000 is not a TCP port"),
+    ([worker("w1", cpu(8000), address="fe80::1")], None, "rpc-server binds numeric IPv4 only"),
+    ([{"address": "10.0.0.1", "devices": [cpu(8000)]}], None, r"workers\[0\] has no 'host'"),
+    ([worker("w1", cpu(8000))], {"host": "w1", "devices": [gpu("cuda", 0, 8192)]},
+     "host w1 is both a worker and the orchestrator with local GPUs"),
+    ([worker("w1", cpu(8000))], {"host": "o", "devices": [gpu("cuda", 0, 8192), gpu("vulkan", 0, 8192)]},
+     r"several backends \(cuda, vulkan\)"),
+])
+def test_fleet_errors(workers: list[dict], orchestrator: dict | None, message: str) -> None:
+    with pytest.raises(PlanError, match=message):
+        plan_split(workers, orchestrator, model(), ctx_size=4096)
+
+
+def test_orchestrator_without_gpus_may_also_be_a_worker() -> None:
+    plan = plan_split([worker("w1", cpu(8000))], {"host": "w1", "devices": [cpu(8000)]}, model(n_layer=8),
+                      ctx_size=1024)
+    assert plan["device_names"] == ["RPC0"]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"cache_type_k": "q3_k"}, "cache_type_k is 'q3_k'; llama-server accepts f32, f16"),
+    ({"cache_type_v": "fp8"}, "cache_type_v is 'fp8'"),
+    ({"n_parallel": 0}, "n_parallel is 0"),
+    ({"ctx_size": -1}, "ctx_size is -1"),
+    ({"compute_mib": -5}, "compute_mib is -5"),
+])
+def test_option_errors(kwargs: dict, message: str) -> None:
+    options = {"ctx_size": 4096, **kwargs}
+    with pytest.raises(PlanError, match=message):
+        plan_split([worker("w1", gpu("cuda", 0, 24576))], None, model(), **options)
+
+
+def test_context_zero_uses_the_training_context() -> None:
+    assert plan_split([worker("w1", gpu("cuda", 0, 80000))], None, model(), ctx_size=0)["ctx_size"] == 8192
+    facts = dict(model(), n_ctx_train=0)
+    with pytest.raises(PlanError, match="declares no training context: set ctx_size"):
+        plan_split([worker("w1", gpu("cuda", 0, 80000))], None, facts, ctx_size=0)
+
+
+@pytest.mark.parametrize("facts, message", [
+    ({"n_layer": 2, "layer_bytes": [1, 1]}, "lack 'output_bytes'"),
+    ({"n_layer": 0, "layer_bytes": [], "output_bytes": 1}, "n_layer is 0"),
+    ({"n_layer": 2, "layer_bytes": [1], "output_bytes": 1}, "layer_bytes has 1 values, expected n_layer = 2"),
+    ({"n_layer": 2, "layer_bytes": [1, 1], "output_bytes": 1, "n_ctx_train": 10}, "cannot size the KV cache"),
+])
+def test_bad_model_facts(facts: dict, message: str) -> None:
+    with pytest.raises(PlanError, match=message):
+        plan_split([worker("w1", gpu("cuda", 0, 24576))], None, facts, ctx_size=1024)
+
+
+# --- the plan against what llama.cpp really did ---------------------------------------------------
+
+def test_plan_matches_the_real_load_of_that_plan() -> None:
+    plan = plan_split([worker("w1", cpu(24105, max_mib=300), address="127.0.0.1", port=50171),
+                       worker("w2", cpu(24105, max_mib=200), cpu(24105, max_mib=500), address="127.0.0.1",
+                              port=50181)],
+                      {"host": "ctl", "devices": []}, GEMMA, ctx_size=8192, n_parallel=2, compute_mib=64)
+    parsed = parse_load_log((FIXTURES / "llama-server_0c1e570_lv5_gemma270m_planned-13-5-1_real.log").read_text())
+    assert compare_with_plan(plan, parsed) == []
+    model_buffers = buffers_by_device(parsed, "model")
+    kv_buffers = buffers_by_device(parsed, "kv")
+    for dev in plan["devices"]:
+        assert dev["weights_mib"] == pytest.approx(model_buffers[dev["name"]], abs=0.06), dev["name"]
+        assert dev["kv_mib"] == pytest.approx(kv_buffers.get(dev["name"], 0.0), abs=0.06), dev["name"]
+    assert plan["host_mib"] == pytest.approx(model_buffers["CPU"], abs=0.06)  # token_embd, CPU_Mapped
+
+
+def test_plan_against_the_lv4_log_of_a_manual_split() -> None:
+    plan = plan_split([worker("w1", cpu(24105), address="127.0.0.1", port=50171),
+                       worker("w2", cpu(24105), address="127.0.0.1", port=50172)], None, GEMMA,
+                      ctx_size=4096, n_parallel=2, tensor_split=[11, 8])
+    parsed = parse_load_log((FIXTURES / "llama-server_0c1e570_lv4_gemma270m_2rpc_ts11-8_real.log").read_text())
+    assert compare_with_plan(plan, parsed) == []  # no per-layer lines at -lv 4: order and offload count only
+    assert buffers_by_device(parsed, "model") == pytest.approx(
+        {"CPU": 170.0, **{d["name"]: d["weights_mib"] for d in plan["devices"]}}, abs=0.06)
+    assert buffers_by_device(parsed, "kv") == pytest.approx({d["name"]: d["kv_mib"] for d in plan["devices"]},
+                                                           abs=0.06)
+
+
+def test_compare_with_plan_reports_differences() -> None:
+    plan = plan_split([worker("w1", cpu(24105), address="127.0.0.1", port=50171),
+                       worker("w2", cpu(24105), cpu(24105), address="127.0.0.1", port=50181)], None, GEMMA,
+                      ctx_size=1024, tensor_split=[1, 1, 2])
+    parsed = parse_load_log((FIXTURES / "llama-server_0c1e570_lv5_gemma270m_3dev_ts1-1-1_real.log").read_text())
+    assert compare_with_plan(plan, parsed) == ["units per device: plan [5, 5, 9], llama.cpp [7, 6, 6]"]
+    reordered = dict(plan, devices=list(reversed(plan["devices"])))
+    assert compare_with_plan(reordered, parsed)[0].startswith("device order: plan")
+
+
+@pytest.mark.skipif(not REAL_MODEL.exists(), reason="the lab model is not on this machine")
+def test_recorded_facts_are_the_real_files() -> None:
+    from ansible_collections.llamafleet.cluster.plugins.module_utils.gguf import model_facts
+
+    assert model_facts(str(REAL_MODEL)) == GEMMA
+
+
+# --- election ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("hosts, pinned, expected", [
+    ([{"host": "a", "devices": [gpu("cuda", 0, 12288)]}, {"host": "b", "devices": [gpu("cuda", 0, 24576)]}],
+     None, "b"),
+    ([{"host": "b", "devices": [gpu("cuda", 0, 12288)]}, {"host": "a", "devices": [gpu("cuda", 0, 12288)]}],
+     None, "a"),
+    ([{"host": "big-ram", "devices": [cpu(512000)]}, {"host": "gpu", "devices": [gpu("vulkan", 0, 4096)]}],
+     None, "gpu"),
+    ([{"host": "z", "devices": [cpu(1000)]}, {"host": "y", "devices": []}], None, "y"),
+    ([{"host": "two", "devices": [gpu("cuda", 0, 12288), gpu("cuda", 1, 12288)]},
+      {"host": "one", "devices": [gpu("cuda", 0, 20000)]}], None, "two"),
+    ({"a": [gpu("cuda", 0, 8192)], "b": [gpu("cuda", 0, 8192)]}, None, "a"),
+    ([{"host": "a", "devices": [gpu("cuda", 0, 12288)]}, {"host": "b", "devices": [gpu("cuda", 0, 24576)]}],
+     "a", "a"),
+])
+def test_elect_orchestrator(hosts: Any, pinned: str | None, expected: str) -> None:
+    assert elect_orchestrator(hosts, pinned=pinned) == expected
+
+
+@pytest.mark.parametrize("hosts, pinned, message", [
+    ([], None, "no hosts"),
+    ([{"host": "a", "devices": []}], "b", "pinned orchestrator b is not one of the hosts: a"),
+    ([{"devices": []}], None, r"hosts\[0\] has no 'host'"),
+])
+def test_elect_orchestrator_errors(hosts: Any, pinned: str | None, message: str) -> None:
+    with pytest.raises(PlanError, match=message):
+        elect_orchestrator(hosts, pinned=pinned)

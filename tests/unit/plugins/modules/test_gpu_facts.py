@@ -1,0 +1,112 @@
+"""gpu_facts module: real probes on this machine, fake tools on PATH, overrides and strict mode."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.llamafleet.cluster.plugins.modules import gpu_facts
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gpu"
+DEV_RPC_SERVER = Path("/var/cache/llamafleet/dev/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/ggml-rpc-server")
+
+
+def run_module(args: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
+    with patch_module_args(args), pytest.raises(SystemExit) as exited:
+        gpu_facts.main()
+    return exited.value.code or 0, json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture
+def fake_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A PATH holding only fake tools (plus what the module itself needs: timeout)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % bindir)
+    return bindir
+
+
+def fake_tool(bindir: Path, name: str, stdout_file: Path | None = None, rc: int = 0, stderr: str = "") -> None:
+    script = bindir / name
+    body = "#!/bin/sh\n"
+    if stdout_file is not None:
+        body += "cat '%s'\n" % stdout_file
+    if stderr:
+        (bindir / (name + ".stderr")).write_text(stderr + "\n")
+        body += "cat '%s' >&2\n" % (bindir / (name + ".stderr"))
+    body += "exit %d\n" % rc
+    script.write_text(body)
+    script.chmod(0o755)
+
+
+def test_cpu_probe_on_this_machine(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, result = run_module({"backends": ["cpu"], "_ansible_check_mode": True}, capsys)
+    assert rc == 0 and result["changed"] is False
+    (dev,) = result["devices"]
+    assert (dev["backend"], dev["ggml_name"], dev["source"], dev["reserve_mib"]) == ("cpu", "CPU", "/proc/meminfo",
+                                                                                      1024)
+    assert 0 < dev["free_mib"] <= dev["total_mib"]
+    assert result["rpc_devices"] == result["devices"]
+    assert result["ansible_facts"]["llamafleet_devices"] == result["devices"]
+    assert result["ansible_facts"]["llamafleet_gpu_backend"] == "cpu"
+
+
+def test_cuda_host_with_cap_and_reserve(fake_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fake_tool(fake_path, "nvidia-smi", FIXTURES / "nvidia-smi_query_nounits_2gpu_reconstructed.txt")
+    rc, result = run_module({"backends": ["cuda", "rocm", "cpu"],
+                             "overrides": [{"match": "cuda:0", "reserve_mib": 1024},
+                                           {"match": "*3060*", "max_mib": 8000}]}, capsys)
+    assert rc == 0, result
+    assert result["tools"] == {"nvidia-smi": "ok", "amd-smi": "missing", "rocm-smi": "missing"}
+    assert result["backend"] == "cuda"
+    assert [(d["ggml_name"], d.get("reserve_mib"), d.get("max_mib")) for d in result["rpc_devices"]] == [
+        ("CUDA0", 1024, None), ("CUDA1", 0, 8000)]
+    assert result["devices"][-1]["backend"] == "cpu"
+
+
+def test_failing_tool_is_a_warning_or_with_strict_a_failure(fake_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    fake_tool(fake_path, "nvidia-smi", rc=9, stderr="NVIDIA-SMI has failed because it couldn't communicate with "
+                                                    "the NVIDIA driver.")
+    rc, result = run_module({"backends": ["cuda", "cpu"]}, capsys)
+    assert rc == 0
+    assert result["tools"]["nvidia-smi"] == "failed"
+    assert "couldn't communicate with the NVIDIA driver" in result["errors"][0]
+    # ansible-core 2.19 reports warnings as {"event": {"msg": ...}}, older releases as plain strings
+    warnings = [w["event"]["msg"] if isinstance(w, dict) else w for w in result["warnings"]]
+    assert any("couldn't communicate" in w for w in warnings)
+    rc, result = run_module({"backends": ["cuda", "cpu"], "strict": True}, capsys)
+    assert rc == 1 and result["failed"]
+    assert result["msg"].startswith("device probes failed: nvidia-smi")
+
+
+def test_override_that_matches_nothing_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, result = run_module({"backends": ["cpu"], "overrides": [{"match": "cuda:3", "max_mib": 1}]}, capsys)
+    assert rc == 1
+    assert "overrides[0] match 'cuda:3' selects none of this host's devices: cpu:0" in result["msg"]
+
+
+def test_unknown_backend_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, result = run_module({"backends": ["opencl"]}, capsys)
+    assert rc == 1 and "unknown backends opencl" in result["msg"]
+
+
+def test_rpc_server_must_be_executable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, result = run_module({"rpc_server": str(tmp_path / "nope")}, capsys)
+    assert rc == 1 and "is not an executable file" in result["msg"]
+
+
+@pytest.mark.skipif(not os.access(DEV_RPC_SERVER, os.X_OK), reason="no llama.cpp dev build on this machine")
+def test_real_rpc_server_lists_its_devices(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, result = run_module({"backends": ["cpu"], "rpc_server": str(DEV_RPC_SERVER),
+                             "overrides": [{"match": "cpu", "max_mib": 600}]}, capsys)
+    assert rc == 0, result
+    assert result["tools"]["rpc-server"] == "ok"
+    (dev,) = result["rpc_devices"]
+    assert (dev["ggml_name"], dev["max_mib"]) == ("CPU", 600)
+    assert dev["free_mib"] == result["devices"][0]["free_mib"]  # MemAvailable, not llama.cpp's MemTotal
