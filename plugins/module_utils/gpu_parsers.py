@@ -33,7 +33,7 @@ import fnmatch
 import io
 import json
 import re
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 MIB = 1024 * 1024
 
@@ -472,8 +472,8 @@ def parse_meminfo(text: str, name: str = "CPU") -> dict[str, Any]:
 def parse_cpuinfo_model(text: str) -> str | None:
     """The first ``model name`` of ``/proc/cpuinfo`` (None if absent, e.g. on some ARM kernels)."""
     for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and value.strip():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "model name" and value.strip():
             return value.strip()
     return None
 
@@ -621,8 +621,9 @@ def override_matches(match: Any, dev: Mapping[str, Any]) -> bool:
     pair = re.fullmatch(r"([a-z]+):(\d+)", low)
     if pair and pair.group(1) in BACKENDS:
         return dev.get("backend") == pair.group(1) and dev.get("index") == int(pair.group(2))
-    ggml_name = dev.get("ggml_name") or (ggml_device_name(dev["backend"], dev.get("index", 0))
-                                          if dev.get("backend") in GGML_PREFIX else None)
+    ggml_name = dev.get("ggml_name")
+    if not ggml_name and dev.get("backend") in GGML_PREFIX:
+        ggml_name = ggml_device_name(dev["backend"], dev.get("index", 0))
     if ggml_name and low == str(ggml_name).lower():
         return True
     return fnmatch.fnmatchcase(str(dev.get("name", "")).lower(), low)
@@ -720,13 +721,16 @@ def usable_mib(dev: Mapping[str, Any]) -> int:
 PROBE_BACKENDS = ("cuda", "rocm", "vulkan", "metal", "cpu")
 RPC_PROBE_DEVICE = "__llamafleet_probe__"
 
-Runner = Any  # Callable[[list[str]], tuple[int, str, str]]
+# (typing.List/Tuple/Optional: these aliases are evaluated at import, also on older target Pythons)
+Runner = Callable[[List[str]], Tuple[int, str, str]]   # argv -> (rc, stdout, stderr)
+Which = Callable[[str], Optional[str]]                 # tool name -> path, or None when missing
+ReadText = Callable[[str], Optional[str]]              # file path -> text, or None when unreadable
 
 
 class _Probe:
     """Collects devices, per-tool status and problems while probing one host."""
 
-    def __init__(self, run: Runner, which: Any, read_text: Any) -> None:
+    def __init__(self, run: Runner, which: Which, read_text: ReadText) -> None:
         self.run = run
         self.which = which
         self.read_text = read_text
@@ -754,7 +758,7 @@ class _Probe:
         self.tools[name] = "ok"
         return out
 
-    def parse(self, name: str, parser: Any, *texts: Any) -> list[dict[str, Any]]:
+    def parse(self, name: str, parser: Callable[..., list[dict[str, Any]]], *texts: Any) -> list[dict[str, Any]]:
         try:
             return parser(*texts)
         except ParseError as exc:
@@ -763,7 +767,7 @@ class _Probe:
             return []
 
 
-def collect_devices(run: Runner, which: Any, read_text: Any, system: str = "Linux",
+def collect_devices(run: Runner, which: Which, read_text: ReadText, system: str = "Linux",
                     backends: Sequence[str] | None = None, rpc_server: str | None = None) -> dict[str, Any]:
     """Probe a host's devices with whatever tools it has.
 
@@ -869,8 +873,8 @@ def _rpc_listing(probe: _Probe, rpc_server: str) -> list[dict[str, Any]]:
     if not listed:
         detail = (err or out or "").strip().splitlines()
         probe.tools["rpc-server"] = "failed"
-        probe.errors.append("%s -d %s listed no devices (rc=%s): %s" % (rpc_server, RPC_PROBE_DEVICE, rc,
-                                                                         detail[-1] if detail else "no output"))
+        probe.errors.append("%s -d %s listed no devices (rc=%s): %s"
+                            % (rpc_server, RPC_PROBE_DEVICE, rc, detail[-1] if detail else "no output"))
         return []
     probe.tools["rpc-server"] = "ok"
     return listed

@@ -139,7 +139,7 @@ def layer_counts(parsed: Mapping[str, Any]) -> list[int]:
         raise ValueError("the log has no 'layer N assigned to device' lines: run llama-server with -lv 5")
     names = [d["name"] for d in parsed["devices"]]
     counts = [0] * len(names)
-    for _, dev in sorted(parsed["layers"].items()):
+    for dummy, dev in sorted(parsed["layers"].items()):
         if dev in names:
             counts[names.index(dev)] += 1
     return counts

@@ -681,7 +681,7 @@ def elect_orchestrator(hosts: Sequence[Mapping[str, Any]] | Mapping[str, Sequenc
             entries.append((str(entry["host"]), list(entry.get("devices") or [])))
     if not entries:
         raise PlanError("no hosts to elect an orchestrator from")
-    names = [name for name, _ in entries]
+    names = [entry[0] for entry in entries]
     if pinned:
         if pinned not in names:
             raise PlanError("the pinned orchestrator %s is not one of the hosts: %s" % (pinned, ", ".join(names)))

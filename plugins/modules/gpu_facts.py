@@ -20,7 +20,9 @@ description:
     (unified-memory GPUs) or whose memory must be capped (shared hosts, lab containers).
   - With O(rpc_server), the built rpc-server binary itself lists the devices it would serve, which is
     exactly what llama-server will see through RPC.
-author: llamafleet maintainers
+author: llamafleet maintainers (@llamafleet)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 options:
   backends:
     description:
@@ -75,13 +77,19 @@ attributes:
     details: Read-only; runs the same probes in check mode.
   diff_mode:
     support: none
+  platform:
+    platforms: posix
   idempotent:
+    description: A second run with the same parameters gives the same result and changes nothing.
     support: full
 notes:
   - On Apple silicon the Metal working-set size is estimated from C(hw.memsize) (two thirds up to
     32 GiB, three quarters above, or C(iogpu.wired_limit_mb) when set); O(rpc_server) gives the exact figure.
   - llama.cpp's CPU device reports the machine's total RAM as free. The CPU entry here uses
     C(MemAvailable) instead.
+  - C(nvidia-smi) numbers GPUs in PCI bus order, CUDA (and so llama.cpp's C(CUDA0), C(CUDA1)) fastest first
+    unless C(CUDA_DEVICE_ORDER=PCI_BUS_ID) is set. On hosts with different GPUs, set that variable for
+    rpc-server and llama-server, or use O(rpc_server), which reports llama.cpp's own order.
 """
 
 EXAMPLES = r"""

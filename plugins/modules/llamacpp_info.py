@@ -17,7 +17,9 @@ description:
   - Flags are detected from the build's own help text, never assumed from a version number, so the
     command lines rendered by M(llamafleet.cluster.rpc_plan) only use flags the build has.
   - Read-only.
-author: llamafleet maintainers
+author: llamafleet maintainers (@llamafleet)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 options:
   prefix:
     description: The build's install prefix; the binaries are looked for in its C(bin) directory.
@@ -38,7 +40,10 @@ attributes:
     details: Read-only; runs the binaries with C(--help)/C(--version) in check mode too.
   diff_mode:
     support: none
+  platform:
+    platforms: posix
   idempotent:
+    description: A second run with the same parameters gives the same result and changes nothing.
     support: full
 """
 

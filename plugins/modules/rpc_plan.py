@@ -20,7 +20,9 @@ description:
     (M(llamafleet.cluster.llamacpp_info)), and a hardened systemd unit, written to O(unit_path) only
     when its content differs.
   - Runs on the orchestrator, where the model file is.
-author: llamafleet maintainers
+author: llamafleet maintainers (@llamafleet)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 options:
   workers:
     description:
@@ -176,7 +178,10 @@ options:
         elements: path
         default: []
       environment:
-        description: Environment variables.
+        description:
+          - Environment variables. When the plan uses local CUDA GPUs, C(CUDA_DEVICE_ORDER=PCI_BUS_ID) is added
+            unless set here, so that C(CUDA0), C(CUDA1) ... follow the PCI bus order that C(nvidia-smi) (and so
+            M(llamafleet.cluster.gpu_facts)) reports; CUDA's own default puts the fastest GPU first.
         type: dict
         default: {}
       protect_home:
@@ -190,7 +195,10 @@ attributes:
   diff_mode:
     support: full
     details: Shows the unit before and after.
+  platform:
+    platforms: posix
   idempotent:
+    description: A second run with the same parameters gives the same result and changes nothing.
     support: full
 """
 
@@ -381,6 +389,9 @@ def run_module(module: AnsibleModule) -> dict:
     pre = [[unit_opts["wait_helper"]] + plan["rpc"]] if unit_opts["wait_helper"] and plan["rpc"] else []
     comments = ["llama.cpp build %s" % unit_opts["build_id"]] if unit_opts["build_id"] else []
     comments.append("split: --rpc %s -ts %s" % (",".join(plan["rpc"]) or "-", plan["tensor_split_arg"]))
+    environment = dict(unit_opts["environment"])
+    if any(d["local"] and d["backend"] == "cuda" for d in plan["devices"]):
+        environment.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     try:
         argv = render_llama_server_argv(
             params["binary"], plan, _server_features(params["features"]), params["model"],
@@ -394,7 +405,7 @@ def run_module(module: AnsibleModule) -> dict:
             user=unit_opts["user"], group=unit_opts["group"],
             working_directory=unit_opts["working_directory"] or home,
             read_write_paths=read_write, read_only_paths=unit_opts["read_only_paths"],
-            environment=unit_opts["environment"],
+            environment=environment,
             limit_memlock_infinity=server["load_mode"] in ("mlock", "mmap+mlock"),
             protect_home=unit_opts["protect_home"], exec_start_pre=pre, comments=comments,
             timeout_start_sec=unit_opts["timeout_start_sec"],

@@ -290,8 +290,8 @@ def test_overrides_win_and_later_ones_win(host_devices: list[dict[str, Any]]) ->
         {"match": "cpu", "total_mib": 2048},
     ], cpu_reserve_mib=256)
     gpu0, gpu1, cpu = out
-    assert (gpu0["free_mib"], gpu0["reserve_mib"], sorted(gpu0["overridden"])) == (20000, 1024, ["free_mib",
-                                                                                                   "reserve_mib"])
+    assert (gpu0["free_mib"], gpu0["reserve_mib"]) == (20000, 1024)
+    assert sorted(gpu0["overridden"]) == ["free_mib", "reserve_mib"]
     assert (gpu1["reserve_mib"], usable_mib(gpu1)) == (512, 11874 - 512)
     # an inventory total below what the tool saw free bounds the free figure (a capped lab host)
     assert (cpu["total_mib"], cpu["free_mib"], cpu["reserve_mib"]) == (2048, 2048, 256)
@@ -374,11 +374,13 @@ def test_collect_cuda_host() -> None:
     assert [d["ggml_name"] for d in found["rpc_devices"]] == ["CUDA0", "CUDA1"]
 
 
+NVIDIA_DRIVER_DOWN = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+                      "Make sure that the latest NVIDIA driver is installed and running.\n")
+
+
 def test_collect_reports_a_failing_tool() -> None:
     host = FakeHost(
-        {"nvidia-smi": {NVIDIA_ARGS: (9, "", "NVIDIA-SMI has failed because it couldn't communicate with the "
-                                              "NVIDIA driver. Make sure that the latest NVIDIA driver is installed "
-                                              "and running.\n")}},
+        {"nvidia-smi": {NVIDIA_ARGS: (9, "", NVIDIA_DRIVER_DOWN)}},
         {"/proc/meminfo": fixture("proc_meminfo_debian12_real.txt")})
     found = collect_devices(host.run, host.which, host.read_text)
     assert found["tools"]["nvidia-smi"] == "failed"

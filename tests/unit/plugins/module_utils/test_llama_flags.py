@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 import subprocess
@@ -298,3 +299,20 @@ def test_systemd_analyze_accepts_the_unit(tmp_path: Path) -> None:
     problems = [line for line in done.stderr.splitlines()
                 if "llamafleet-llama-server.service" in line and "Special user" not in line]
     assert done.returncode == 0 and not problems, done.stderr
+
+
+def test_systemd_252_really_passes_the_argv_through() -> None:
+    """The same rendering, recorded as started by a real systemd (see the fixture's "about")."""
+    recorded = json.loads((FIXTURES / "systemd252_unit_argv_roundtrip_real.json").read_text())
+    argv = ["/out/printargs", "-m", "/models/my model.gguf",
+            "--chat-template", "{% if x %}100% \"q\" \\ $HOME ${USER} it's{% endif %}",
+            "--empty", "", "--tab", "a\tb", "--nl", "line1\nline2", "--semi", ";",
+            "--plain", "10.0.0.1:50052,10.0.0.2:50052"]
+    environment = {"LF_A": "x y %h $Z", "LF_B": 'q"uote\\'}
+    unit = render_systemd_unit(argv, header="# test", user="root", read_write_paths=["/out"],
+                               environment=environment,
+                               exec_start_pre=[["/out/pre", "10.0.0.1:50052", "10.0.0.2:50052"]])
+    assert unit == recorded["unit"]  # a change in quoting must be re-verified against systemd
+    assert recorded["exec_start_argv_seen"] == argv[1:]
+    assert recorded["exec_start_pre_argv_seen"] == ["10.0.0.1:50052", "10.0.0.2:50052"]
+    assert recorded["environment_seen"] == environment

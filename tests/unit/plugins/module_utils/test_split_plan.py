@@ -114,10 +114,10 @@ def test_layers_from_split_rejects(split: list[float], message: str) -> None:
 
 def test_integer_counts_always_round_trip() -> None:
     rng = random.Random(7)
-    for _ in range(2000):
+    for dummy in range(2000):
         n_layer = rng.randint(1, 160)
         devices = rng.randint(1, MAX_DEVICES)
-        cuts = sorted(rng.randint(0, n_layer + 1) for _ in range(devices - 1))
+        cuts = sorted(rng.randint(0, n_layer + 1) for dummy in range(devices - 1))
         counts = [b - a for a, b in zip([0] + cuts, cuts + [n_layer + 1])]
         assert layers_from_split(counts, n_layer) == counts, (counts, n_layer)
 
@@ -467,8 +467,8 @@ def test_plan_against_the_lv4_log_of_a_manual_split() -> None:
     assert compare_with_plan(plan, parsed) == []  # no per-layer lines at -lv 4: order and offload count only
     assert buffers_by_device(parsed, "model") == pytest.approx(
         {"CPU": 170.0, **{d["name"]: d["weights_mib"] for d in plan["devices"]}}, abs=0.06)
-    assert buffers_by_device(parsed, "kv") == pytest.approx({d["name"]: d["kv_mib"] for d in plan["devices"]},
-                                                           abs=0.06)
+    planned_kv = {d["name"]: d["kv_mib"] for d in plan["devices"]}
+    assert buffers_by_device(parsed, "kv") == pytest.approx(planned_kv, abs=0.06)
 
 
 def test_compare_with_plan_reports_differences() -> None:

@@ -1,0 +1,199 @@
+"""rpc_plan module: plan from a GGUF file or facts, argv and unit rendering, idempotent unit writes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.llamafleet.cluster.plugins.module_utils.llama_flags import detect_features
+from ansible_collections.llamafleet.cluster.plugins.modules import rpc_plan
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llamacpp"
+GEMMA = json.loads((FIXTURES / "gemma-3-270m-q4_k_m_model_facts.json").read_text())
+FEATURES = detect_features((FIXTURES / "llama-server_0c1e570_help_real.txt").read_text(),
+                           (FIXTURES / "ggml-rpc-server_0c1e570_help_real.txt").read_text(),
+                           (FIXTURES / "llama-server_0c1e570_version_real.txt").read_text())
+BINARY = "/opt/llamafleet/llama.cpp/b1/bin/llama-server"
+MODEL = "/var/lib/llamafleet/models/gemma-3-270m-q4_k_m.gguf"
+
+
+def cpu(cap: int) -> dict[str, Any]:
+    return {"backend": "cpu", "index": 0, "name": "AMD EPYC", "ggml_name": "CPU", "total_mib": 24105,
+            "free_mib": 23000, "max_mib": cap}
+
+
+WORKERS = [
+    # shaped like the rpc_server role's rpc_server_endpoints fact (extra "unit" key, port from Jinja as a string)
+    {"host": "lab2", "address": "10.77.0.12", "port": "50052", "unit": "llamafleet-rpc-server.service",
+     "devices": [cpu(600)]},
+    {"host": "lab3", "address": "10.77.0.13", "port": 50052, "unit": "llamafleet-rpc-server.service",
+     "devices": [cpu(400)]},
+]
+
+
+def run_module(args: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
+    with patch_module_args(args), pytest.raises(SystemExit) as exited:
+        rpc_plan.main()
+    return exited.value.code or 0, json.loads(capsys.readouterr().out)
+
+
+def args(**extra: Any) -> dict[str, Any]:
+    base = {"workers": WORKERS, "orchestrator": {"host": "lab1", "devices": []}, "model_facts": GEMMA,
+            "ctx_size": 4096, "n_parallel": 2, "compute_margin_mib": 64}
+    base.update(extra)
+    return base
+
+
+def render_args(unit_path: Path, **extra: Any) -> dict[str, Any]:
+    rendering = {
+        "model": [MODEL], "binary": BINARY, "features": FEATURES, "unit_path": str(unit_path),
+        "unit_header": "#\n# Ansible managed: do not edit\n#",
+        "server": {"host": "10.77.0.11", "port": 8080, "metrics": True, "chat_template": "gemma",
+                   "api_key_file": "", "log_verbosity": 4},
+        "unit": {"user": "llamafleet", "home": "/var/lib/llamafleet", "build_id": "b1-cpu",
+                 "wait_helper": "/usr/local/libexec/llamafleet-rpc-wait"},
+    }
+    rendering.update(extra)
+    return args(**rendering)
+
+
+def test_plan_only(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, result = run_module(args(), capsys)
+    assert rc == 0 and result["changed"] is False
+    plan = result["plan"]
+    assert plan["rpc"] == ["10.77.0.12:50052", "10.77.0.13:50052"]
+    assert plan["device_names"] == ["RPC0", "RPC1"]
+    assert sum(plan["tensor_split"]) == 19 and plan["ngl"] == 19
+    assert result["explain"] == plan["explanation"]
+    assert result["argv"] == [] and result["unit"] == ""
+
+
+@pytest.mark.skipif(not Path("/var/cache/llamafleet/models/gemma-3-270m-q4_k_m.gguf").exists(),
+                    reason="the lab model is not on this machine")
+def test_plan_from_the_real_model_file(capsys: pytest.CaptureFixture[str]) -> None:
+    a = args(model=["/var/cache/llamafleet/models/gemma-3-270m-q4_k_m.gguf"])
+    del a["model_facts"]
+    rc, result = run_module(a, capsys)
+    assert rc == 0
+    assert result["plan"]["totals"]["weights_mib"] == pytest.approx((sum(GEMMA["layer_bytes"]) + GEMMA[
+        "output_bytes"]) / 2**20, abs=0.05)
+
+
+def test_plan_from_a_written_gguf(make_gguf: Callable[..., Path], capsys: pytest.CaptureFixture[str]) -> None:
+    meta = {"general.architecture": "llama", "llama.block_count": 2, "llama.embedding_length": 64,
+            "llama.attention.head_count": 4, "llama.attention.head_count_kv": 2, "llama.context_length": 2048}
+    tensors = [("token_embd.weight", [64, 256], 0), ("output_norm.weight", [64], 0), ("output.weight", [64, 256], 0)]
+    for il in range(2):
+        tensors += [("blk.%d.attn_q.weight" % il, [64, 64], 0), ("blk.%d.ffn_up.weight" % il, [64, 128], 0)]
+    path = make_gguf("tiny.gguf", meta, tensors)
+    a = args(model=[str(path)], ctx_size=0, workers=[{"host": "lab2", "devices": [cpu(600)]}])
+    del a["model_facts"]
+    rc, result = run_module(a, capsys)
+    assert rc == 0, result
+    plan = result["plan"]
+    assert (plan["ctx_size"], plan["n_layer"], plan["tensor_split"]) == (2048, 2, [3])
+    assert plan["rpc"] == ["lab2:50052"]
+    assert plan["devices"][0]["weights_mib"] == round((2 * (64 * 64 + 64 * 128) + 64 + 64 * 256) * 4 / 2**20, 1)
+
+
+def test_four_runs_check_apply_apply_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    unit = tmp_path / "llamafleet-llama-server.service"
+    rc, first = run_module(dict(render_args(unit), _ansible_check_mode=True, _ansible_diff=True), capsys)
+    assert rc == 0 and first["changed"] is True and not unit.exists()
+    assert first["diff"]["before"] == "" and first["diff"]["after"] == first["unit"]
+
+    rc, second = run_module(render_args(unit), capsys)
+    assert rc == 0 and second["changed"] is True
+    assert unit.read_text() == second["unit"] == first["unit"]
+    assert (unit.stat().st_mode & 0o7777) == 0o644
+
+    rc, third = run_module(render_args(unit), capsys)
+    assert rc == 0 and third["changed"] is False
+
+    rc, fourth = run_module(dict(render_args(unit), _ansible_check_mode=True, _ansible_diff=True), capsys)
+    assert rc == 0 and fourth["changed"] is False and "diff" not in fourth
+    assert [p.name for p in tmp_path.iterdir()] == [unit.name]  # no temporary files left
+
+
+def test_rendered_argv_and_unit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, result = run_module(render_args(tmp_path / "u.service"), capsys)
+    assert rc == 0
+    plan = result["plan"]
+    assert result["argv"] == [
+        BINARY, "-m", MODEL, "--rpc", "10.77.0.12:50052,10.77.0.13:50052", "-ngl", "19", "-sm", "layer",
+        "-ts", plan["tensor_split_arg"], "--fit", "off", "-c", "4096", "-np", "2", "--host", "10.77.0.11",
+        "--port", "8080", "--metrics", "--chat-template", "gemma", "-lv", "4",
+    ]
+    lines = result["unit"].splitlines()
+    assert lines[:4] == ["#", "# Ansible managed: do not edit", "#", "# llama.cpp build b1-cpu"]
+    assert lines[4] == "# split: --rpc 10.77.0.12:50052,10.77.0.13:50052 -ts %s" % plan["tensor_split_arg"]
+    assert "WorkingDirectory=/var/lib/llamafleet" in lines and "ReadWritePaths=/var/lib/llamafleet" in lines
+    assert "ExecStartPre=/usr/local/libexec/llamafleet-rpc-wait \\" in lines
+
+
+def test_changed_content_and_mode_are_changes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    unit = tmp_path / "u.service"
+    run_module(render_args(unit), capsys)
+    os.chmod(unit, 0o600)
+    rc, result = run_module(dict(render_args(unit), _ansible_check_mode=True), capsys)
+    assert rc == 0 and result["changed"] is True and (unit.stat().st_mode & 0o7777) == 0o600
+    rc, result = run_module(render_args(unit), capsys)
+    assert result["changed"] is True and (unit.stat().st_mode & 0o7777) == 0o644
+    rc, result = run_module(render_args(unit, ctx_size=8192, _ansible_diff=True), capsys)
+    assert result["changed"] is True and "-c 8192" in unit.read_text()
+    assert "-c 4096" in result["diff"]["before"] and "-c 8192" in result["diff"]["after"]
+
+
+def test_old_build_features_render_old_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = detect_features((FIXTURES / "llama-server_no-mmap-era_help_excerpt_reconstructed.txt").read_text())
+    a = render_args(tmp_path / "u.service", features=old)
+    a["server"]["load_mode"] = "none"
+    rc, result = run_module(a, capsys)
+    assert rc == 0
+    assert "--fit" not in result["argv"] and "--no-mmap" in result["argv"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"ctx_size": 10_000_000}, "lower the context (ctx_size)"),
+    ({"tensor_split": [1.0]}, "tensor_split: 1 values given, there are 2 devices in this order: "
+                              "RPC0 10.77.0.12:50052, RPC1 10.77.0.13:50052"),
+    ({"binary": BINARY, "model": [MODEL]}, "features is required"),
+    ({"unit_path": "/tmp/x.service"}, "unit_path needs binary"),
+    ({"binary": BINARY, "features": FEATURES}, "model (the GGUF path on this host) is required"),
+    ({"binary": BINARY, "model": [MODEL], "features": {"llama_server": {}}}, "no flag for RPC workers"),
+])
+def test_errors(extra: dict[str, Any], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, result = run_module(args(**extra), capsys)
+    assert rc == 1, result
+    assert message in result["msg"]
+
+
+def test_unreadable_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_text("not a gguf")
+    a = args(model=[str(bad)])
+    del a["model_facts"]
+    rc, result = run_module(a, capsys)
+    assert rc == 1 and result["msg"].startswith("cannot read model %s" % bad)
+
+
+def test_missing_unit_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, result = run_module(render_args(tmp_path / "nope" / "u.service"), capsys)
+    assert rc == 1 and "directory %s does not exist" % (tmp_path / "nope") in result["msg"]
+
+
+def test_local_cuda_gpus_pin_the_cuda_device_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    local = [{"backend": "cuda", "index": 0, "name": "NVIDIA GeForce RTX 4090", "total_mib": 24564,
+              "free_mib": 24000}]
+    rc, result = run_module(render_args(tmp_path / "u.service", orchestrator={"host": "lab1", "devices": local}),
+                            capsys)
+    assert rc == 0
+    assert result["plan"]["device_names"] == ["RPC0", "RPC1", "CUDA0"]
+    assert 'Environment="CUDA_DEVICE_ORDER=PCI_BUS_ID"' in result["unit"].splitlines()
+    rc, result = run_module(render_args(tmp_path / "u.service"), capsys)
+    assert "CUDA_DEVICE_ORDER" not in result["unit"]
