@@ -54,6 +54,8 @@ def lab_group_vars(mirror_base: str = MIRROR_URL, proxy_url: str = PROXY_URL) ->
         "rpc_server_threads": 1,
         "rpc_server_device_overrides": [{"match": "cpu", "max_mib": 4096}],
         "llama_server_ctx_size": 2048,
+        # -lv 5 logs the device of every layer: the demo and the tests compare it with the plan.
+        "llama_server_log_verbosity": 5,
     }
 
 

@@ -1,0 +1,54 @@
+"""``llamafleet bench split|cache``: benchmarks on a deployed fleet that print their figures."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from ..fleet import Fleet
+from ..fleet_cli import DEFAULT_INVENTORY
+from .runner import write_results
+
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "bench-results"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("bench", help="measure a deployed fleet (prints tables, writes bench-results/)")
+    sub = parser.add_subparsers(dest="bench", metavar="BENCH")
+    sub.required = True
+
+    p = sub.add_parser("split", help="planner's split vs even split vs llama.cpp's --fit: load time and tok/s")
+    p.add_argument("--runs", type=int, default=3, help="completions per variant (median reported)")
+    p.set_defaults(func=_split)
+
+    p = sub.add_parser("cache", help="weight bytes and load time, unseeded vs seeded worker caches, shaped links")
+    p.add_argument("--rate", default="240mbit", help="tbf rate of each worker link (240mbit = 30 MB/s)")
+    p.set_defaults(func=_cache)
+
+    for p in sub.choices.values():
+        p.add_argument("-i", "--inventory", default=str(DEFAULT_INVENTORY))
+        p.add_argument("--out", default=str(DEFAULT_OUT), help="directory for the JSON and Markdown results")
+
+
+def _split(args: argparse.Namespace) -> int:
+    from . import split
+
+    fleet = Fleet.from_inventory(args.inventory)
+    rows = split.run(fleet, runs=args.runs)
+    text = split.table(rows)
+    print(text)
+    print(f"results: {write_results(Path(args.out), 'split', rows, text)}")
+    return 0
+
+
+def _cache(args: argparse.Namespace) -> int:
+    from . import cache
+
+    fleet = Fleet.from_inventory(args.inventory)
+    root = Path(os.environ.get("LLAMAFLEET_CACHE", "/var/cache/llamafleet"))
+    rows = cache.run(fleet, Path(args.inventory), root, rate=args.rate)
+    text = cache.table(rows)
+    print(text)
+    print(f"results: {write_results(Path(args.out), 'cache', rows, text)}")
+    return 0

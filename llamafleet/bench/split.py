@@ -1,0 +1,47 @@
+"""Issue benchmark: the planner's split vs an even split vs llama.cpp's own automatic split (--fit).
+
+Same fleet, model, prompt and binary; only the split flags differ.
+"""
+
+from __future__ import annotations
+
+from .runner import Measurement, deployed_argv, read_plan_json, remove_flags, replace_flag, restore_service, run_variant
+from ..fleet import Fleet
+
+
+def variants(argv: list[str], n_devices: int) -> dict[str, list[str]]:
+    """The three argvs: as planned, even (-ts 1,1,..), and llama.cpp's automatic fit (no -ts/-ngl/--fit)."""
+    return {
+        "plan": list(argv),
+        "even": replace_flag(argv, "-ts", ",".join(["1"] * n_devices)),
+        "fit": remove_flags(argv, "-ts", "-ngl", "--fit"),
+    }
+
+
+def table(rows: list[Measurement]) -> str:
+    base = next(r for r in rows if r.name == "plan")
+    lines = [
+        "| split | load s | gen tok/s | prompt tok/s | gen vs plan | load vs plan |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.name} | {r.load_s:.2f} | {r.tok_s:.1f} | {r.prompt_tok_s:.1f} | "
+            f"{r.tok_s / base.tok_s:.2f} | {r.load_s / base.load_s:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def run(fleet: Fleet, runs: int = 3) -> list[Measurement]:
+    argv = deployed_argv(fleet)
+    plan = read_plan_json(fleet)
+    rows = []
+    try:
+        for name, variant in variants(argv, len(plan["devices"])).items():
+            print(f"==> split '{name}': {' '.join(variant[1:])}", flush=True)
+            row = run_variant(fleet, name, variant, runs=runs)
+            print(f"    load {row.load_s:.2f} s, {row.tok_s:.1f} tok/s", flush=True)
+            rows.append(row)
+    finally:
+        restore_service(fleet)
+    return rows
