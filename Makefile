@@ -46,7 +46,7 @@ $(BIN)/.installed: $(LOCK) requirements/model.txt
 	@touch $@
 
 venv: deps $(BIN)/.installed
-	@$(BIN)/pip install -q --no-deps -e . >/dev/null
+	@$(BIN)/pip install -q --no-deps -e . >/dev/null 2>&1 || $(BIN)/pip install --no-deps -e .
 	@echo "==> virtual environment ready: $(VENV)"
 
 collection:

@@ -1,6 +1,7 @@
 """Pinned, checksummed, resumable downloads of model files (GGUF and its shards).
 
-Pure standard library so it runs on any managed host.  The Ansible module
+Standard library plus ansible-core's ``open_url`` (proxies, TLS validation),
+so it runs on any managed host.  The Ansible module
 ``llamafleet.cluster.model_fetch`` and the library both use it.
 
 A file is *verified* when its sha256 matches the pinned one.  Verifying a
@@ -17,8 +18,9 @@ import os
 import re
 import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
+
+from ansible.module_utils.urls import open_url
 
 CHUNK = 4 * 1024 * 1024
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -119,9 +121,8 @@ def verify_in_place(path: str, sha256: str, record: bool = True) -> bool:
 
 def probe(url: str, timeout: float) -> tuple[int | None, bool]:
     """HEAD the URL: (size or None, whether it accepts byte ranges)."""
-    request = urllib.request.Request(url, method="HEAD")
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (pinned URLs)
+        with open_url(url, method="HEAD", timeout=timeout) as response:
             length = response.headers.get("Content-Length")
             ranges = response.headers.get("Accept-Ranges", "").lower() == "bytes"
             return (int(length) if length and length.isdigit() else None), ranges
@@ -197,11 +198,9 @@ def download(state: FileState, timeout: float = 60.0) -> None:
     digest = hashlib.sha256()
     if offset:
         sha256_file(part, digest, limit=offset)
-    request = urllib.request.Request(spec.url)
-    if offset:
-        request.add_header("Range", f"bytes={offset}-")
+    headers = {"Range": f"bytes={offset}-"} if offset else {}
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (pinned URLs)
+        with open_url(spec.url, headers=headers, timeout=timeout) as response:
             if offset and response.status != 206:
                 offset = 0  # the server ignored the range: start over
                 digest = hashlib.sha256()

@@ -222,21 +222,22 @@ def main(argv: list[str] | None = None) -> int:
         timeout = float(args[1])
         args = args[2:]
     if not args:
-        print("usage: llamafleet-rpc-wait [--timeout SECONDS] HOST:PORT [HOST:PORT ...] (0 waits forever)",
-              file=sys.stderr)
+        sys.stderr.write("usage: llamafleet-rpc-wait [--timeout SECONDS] HOST:PORT [HOST:PORT ...] (0 waits forever)\n")
         return 2
     for endpoint in args:
         host, _sep, port = endpoint.rpartition(":")
         while True:
             try:
                 result = wait_for_hello(host, int(port), timeout=timeout or 3600.0)
-                print("%s answered HELLO: protocol %d.%d.%d" % ((endpoint,) + tuple(result.version)), flush=True)
+                sys.stdout.write("%s answered HELLO: protocol %d.%d.%d\n" % ((endpoint,) + tuple(result.version)))
+                sys.stdout.flush()
                 break
             except RPCError as exc:
                 if timeout:
-                    print("%s did not answer HELLO: %s" % (endpoint, exc), file=sys.stderr)
+                    sys.stderr.write("%s did not answer HELLO: %s\n" % (endpoint, exc))
                     return 1
-                print("still waiting for %s: %s" % (endpoint, exc), flush=True)
+                sys.stdout.write("still waiting for %s: %s\n" % (endpoint, exc))
+                sys.stdout.flush()
     return 0
 
 

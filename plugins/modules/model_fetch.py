@@ -79,9 +79,9 @@ EXAMPLES = r"""
     dest: /var/lib/llamafleet/models/big
     files:
       - url: https://huggingface.co/org/repo/resolve/0123abc/model-00001-of-00002.gguf
-        sha256: 0000000000000000000000000000000000000000000000000000000000000000
+        sha256: "5d1cf0b2ad0fa8c7c3dd0bd1d1a8f4c4c0e21aa6f7f9a8f4bfae9a1c0f1e2d3a"
       - url: https://huggingface.co/org/repo/resolve/0123abc/model-00002-of-00002.gguf
-        sha256: 1111111111111111111111111111111111111111111111111111111111111111
+        sha256: "9a3e8c1d7f2b4a6e0c5d8f1a3b7e9c2d4f6a8b0c1e3d5f7a9b2c4e6f8a0b1c3d"
 """
 
 RETURN = r"""

@@ -262,3 +262,16 @@ def test_an_answered_probe_closes_normally(serve) -> None:
             break
         threading.Event().wait(0.05)
     assert seen == [b""]
+
+
+def test_wait_helper_cli_waits_for_every_endpoint(serve, capsys) -> None:
+    """The unit's ExecStartPre: exit 0 once every worker answers, 1 (with the endpoint) when one never does."""
+    first = serve(v7_server)
+    second = serve(v7_server)
+    assert rpc_proto.main([f"127.0.0.1:{first}", f"127.0.0.1:{second}"]) == 0
+    out = capsys.readouterr().out
+    assert f"127.0.0.1:{first} answered HELLO" in out and f"127.0.0.1:{second} answered HELLO" in out
+    dead = _free_port()
+    assert rpc_proto.main(["--timeout", "1.5", f"127.0.0.1:{first}", f"127.0.0.1:{dead}"]) == 1
+    assert f"127.0.0.1:{dead} did not answer HELLO" in capsys.readouterr().err
+    assert rpc_proto.main([]) == 2
