@@ -23,7 +23,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 DEBIAN_PACKAGES := systemd-container debootstrap openssh-client iproute2 ccache curl rsync gcc make git
 
-.PHONY: help demo test deps venv collection lint sanity unit lab-test e2e-test bench clean-lab
+.PHONY: help demo test deps venv collection lint sanity unit lab-test e2e-test llamacpp-local-test molecule-test bench clean-lab
 
 help:
 	@echo "make demo   - real 3-host lab on this machine, deploy, a completion from the distributed cluster"
@@ -84,17 +84,36 @@ sanity: venv
 
 lab-test: venv collection
 	@echo "==> lab integration tests (real hosts)"
-	@$(BIN)/pytest -q -m "lab and not e2e" tests/integration
+	@$(BIN)/pytest -q -m "lab and not e2e" tests/integration/test_lab.py
 
 e2e-test: venv collection
-	@echo "==> end-to-end tests (deploy on the lab)"
-	@$(BIN)/pytest -q -m e2e tests/e2e
+	@echo "==> end-to-end tests: deploy.yml on a 3-host lab (compiles llama.cpp once unless the controller caches it)"
+	@$(BIN)/pytest -q tests/e2e
+
+# llama.cpp binaries for the local tests: the controller's artifact cache holds
+# what the deploy built for these hosts, which are Debian 12 like this machine.
+llamacpp-local-test: venv collection
+	@echo "==> llama.cpp hash and HELLO compatibility tests (binaries from the deploy's artifact cache)"
+	@art=$$(ls -t $(CACHE)/artifacts/*-cpu-*.tar.gz 2>/dev/null | head -n 1); \
+	  if [ -z "$$art" ]; then echo "no llama.cpp artifact in $(CACHE)/artifacts: run make e2e-test first"; exit 1; fi; \
+	  rm -rf .build/llamacpp && mkdir -p .build/llamacpp && tar -xzf "$$art" -C .build/llamacpp && \
+	  LLAMAFLEET_LLAMACPP_BIN=$(CURDIR)/.build/llamacpp/bin LLAMAFLEET_FNV_HELPER=$(CURDIR)/.build/llamacpp/bin/llamafleet-fnv1a64 \
+	  $(BIN)/pytest -q tests/integration/test_llamacpp_local.py
+
+molecule-test: venv collection
+	@echo "==> molecule scenarios on lab hosts (delegated driver: create/destroy are lab up/down)"
+	@for s in model rpc_server; do $(BIN)/molecule test -s $$s || exit 1; done
 
 test: venv collection
-	@$(MAKE) --no-print-directory unit lint sanity lab-test e2e-test
+	@$(MAKE) --no-print-directory unit lint sanity lab-test e2e-test llamacpp-local-test molecule-test
+	@echo "==> all tests passed"
 
 bench: venv collection
-	@$(BIN)/python -m llamafleet.bench.all
+	@$(BIN)/python benchmarks/lab_speed.py
+	@$(BIN)/llamafleet lab up
+	@$(BIN)/ansible-playbook playbooks/deploy.yml
+	@$(BIN)/llamafleet bench split
+	@$(BIN)/llamafleet bench cache
 
 clean-lab: venv
 	@$(BIN)/llamafleet lab down

@@ -25,7 +25,8 @@ def env() -> dict[str, str]:
 
 def cli(*args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run(
-        [str(BIN / "llamafleet"), *args], cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout
+        [str(BIN / "llamafleet"), *args], cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout,
+        check=False,
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"llamafleet {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
@@ -66,6 +67,6 @@ def parse_recap(output: str) -> dict[str, dict[str, int]]:
 
 def playbook(name: str, *args: str, timeout: float = 3600) -> PlaybookRun:
     cmd = [str(BIN / "ansible-playbook"), "-i", str(INVENTORY), str(REPO / "playbooks" / name), *args]
-    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout, check=False)
     out = proc.stdout + proc.stderr
     return PlaybookRun(proc.returncode, out, parse_recap(proc.stdout))

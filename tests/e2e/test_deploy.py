@@ -122,3 +122,40 @@ def test_bad_input_fails_before_any_change(deployed, fleet, extra, expected):
     units_after = fleet.run("sha256sum /etc/systemd/system/llamafleet-*.service")
     assert {h: r.stdout for h, r in units_after.items()} == {h: r.stdout for h, r in units_before.items()}
     Endpoint.of(fleet).wait_healthy(timeout=30)
+
+
+def test_orchestrator_is_elected_when_the_inventory_pins_none(deployed, tmp_path):
+    """No llamafleet_orchestrator group: the deterministic election (most GPU memory, then name) picks one."""
+    import shutil
+
+    from tests.helpers import INVENTORY
+
+    text = INVENTORY.read_text()
+    lines, skip = [], False
+    for line in text.splitlines():
+        if line.strip().startswith("["):
+            skip = line.strip() == "[llamafleet_orchestrator]"
+            if line.strip() == "[llamafleet:children]":
+                lines.append(line)
+                continue
+        if skip or line.strip() == "llamafleet_orchestrator":
+            continue
+        lines.append(line)
+    # the orchestrator becomes a plain worker candidate
+    lines.insert(lines.index("[llamafleet_workers]") + 1, next(
+        ln for ln in text.splitlines() if ln.startswith("lab1 ")))
+    (tmp_path / "hosts.ini").write_text("\n".join(lines) + "\n")
+    shutil.copytree(INVENTORY.parent / "group_vars", tmp_path / "group_vars")
+    run = playbook_with_inventory(tmp_path / "hosts.ini", "--check", "--tags", "election_only", "-v")
+    assert "host_name: lab1" in run.output, run.output[-3000:]
+    assert "llamafleet_orchestrator" in run.output
+
+
+def playbook_with_inventory(inventory, *args):
+    import subprocess
+
+    from tests.helpers import BIN, REPO, PlaybookRun, env, parse_recap
+
+    cmd = [str(BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "playbooks" / "deploy.yml"), *args]
+    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600, check=False)
+    return PlaybookRun(proc.returncode, proc.stdout + proc.stderr, parse_recap(proc.stdout))

@@ -65,6 +65,10 @@ def _find(names: tuple[str, ...]) -> Path | None:
 RPC_SERVER = _find(RPC_SERVER_NAMES)
 LLAMA_SERVER = _find(("llama-server",))
 
+if os.environ.get("LLAMAFLEET_LLAMACPP_BIN") and (RPC_SERVER is None or LLAMA_SERVER is None):
+    raise RuntimeError("LLAMAFLEET_LLAMACPP_BIN=%s holds no ggml-rpc-server and llama-server"
+                       % os.environ["LLAMAFLEET_LLAMACPP_BIN"])
+
 pytestmark = pytest.mark.skipif(
     RPC_SERVER is None or LLAMA_SERVER is None,
     reason="no llama.cpp binaries (ggml-rpc-server and llama-server) in %s: set LLAMAFLEET_LLAMACPP_BIN to a "
