@@ -7,7 +7,11 @@ import yaml
 
 INVENTORY = os.path.join(os.environ["MOLECULE_PROJECT_DIRECTORY"], "inventories", "lab", "hosts.ini")
 GROUP_VARS = os.path.join(os.environ["MOLECULE_PROJECT_DIRECTORY"], "inventories", "lab", "group_vars", "all", "lab.yml")
-testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(INVENTORY).get_hosts("llamafleet")
+# molecule hands pytest its own (empty) inventory: name the lab's inventory in each host spec
+testinfra_hosts = [
+    f"ansible://{name}?ansible_inventory={INVENTORY}"
+    for name in testinfra.utils.ansible_runner.AnsibleRunner(INVENTORY).get_hosts("llamafleet")
+]
 
 
 def _model():

@@ -6,7 +6,11 @@ import pytest
 import testinfra.utils.ansible_runner
 
 INVENTORY = os.path.join(os.environ["MOLECULE_PROJECT_DIRECTORY"], "inventories", "lab", "hosts.ini")
-testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(INVENTORY).get_hosts("llamafleet_workers")
+# molecule hands pytest its own (empty) inventory: name the lab's inventory in each host spec
+testinfra_hosts = [
+    f"ansible://{name}?ansible_inventory={INVENTORY}"
+    for name in testinfra.utils.ansible_runner.AnsibleRunner(INVENTORY).get_hosts("llamafleet_workers")
+]
 UNIT = "llamafleet-rpc-server.service"
 
 
