@@ -159,3 +159,35 @@ def playbook_with_inventory(inventory, *args):
     cmd = [str(BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "playbooks" / "deploy.yml"), *args]
     proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600, check=False)
     return PlaybookRun(proc.returncode, proc.stdout + proc.stderr, parse_recap(proc.stdout))
+
+
+def test_cluster_heals_after_a_worker_dies(deployed, fleet):
+    """A worker's rpc-server is killed: systemd restarts it, llama-server (which aborts on a lost worker)
+    restarts, waits for every worker's HELLO, reloads, and serves again, with no human involved."""
+    import time
+
+    orch = fleet.orchestrator
+    worker = fleet.workers[0]
+
+    def restarts() -> int:
+        res = fleet.run("systemctl show -p NRestarts --value llamafleet-llama-server.service", [orch])[orch.name]
+        return int(res.stdout.strip() or 0)
+
+    before = restarts()
+    killed = fleet.run("systemctl kill -s KILL llamafleet-rpc-server.service", [worker])[worker.name]
+    assert killed.ok, killed.stderr
+    endpoint = Endpoint.of(fleet)
+    deadline = time.monotonic() + 180
+    answer, errors = None, []
+    while time.monotonic() < deadline:
+        try:
+            answer = endpoint.complete("The capital of France is", n_predict=8)
+            if restarts() > before:
+                break
+        except Exception as exc:  # noqa: BLE001 - the endpoint is expected to fail while it heals
+            errors.append(str(exc)[:120])
+        time.sleep(2)
+    assert answer and answer["content"].strip(), errors[-3:]
+    assert restarts() > before, "llama-server should have restarted after losing its worker"
+    state = fleet.run("systemctl is-active llamafleet-rpc-server.service", [worker])[worker.name]
+    assert state.stdout.strip() == "active"
