@@ -11,7 +11,8 @@ SHELL := /bin/bash
 CACHE   ?= /var/cache/llamafleet
 PYTHON  ?= python3
 LOCK    := requirements/lock.txt
-VENV_KEY := $(shell cat $(LOCK) requirements/model.txt | sha256sum | cut -c1-12)
+# keyed by the pins and by this checkout (the project itself is installed editable into it)
+VENV_KEY := $(shell (cat $(LOCK) requirements/model.txt; echo $(CURDIR)) | sha256sum | cut -c1-12)
 VENV    ?= $(CACHE)/venv-$(VENV_KEY)
 BIN     := $(VENV)/bin
 HOSTS   ?= 3
