@@ -45,18 +45,30 @@ def _playbook(inventory: Path, *extra: str) -> None:
     print(f"==> deploy finished in {time.monotonic() - started:.0f} s", flush=True)
 
 
+def _units_text(units: list[int], n_layer: int) -> str:
+    """``0-17 (18)``, ``output (1)``, ``10-17+output (9)``: layer indices, the output layer named."""
+    if not units:
+        return "-"
+    layers = [u for u in units if u < n_layer]
+    parts = [f"{layers[0]}-{layers[-1]}"] if layers else []
+    if len(layers) != len(units):
+        parts.append("output")
+    return f"{'+'.join(parts)} ({len(units)})"
+
+
 def placement_lines(plan: dict, log_text: str) -> list[str]:
     """Which host holds which layers: what llama.cpp logged, next to what the plan said."""
-    parsed = parse_load_log(log_text)
-    seen = layer_ranges(parsed)
-    lines = [f"{'device':<8} {'endpoint':<22} {'host':<8} {'planned':<12} {'llama.cpp loaded':<16}"]
+    seen = layer_ranges(parse_load_log(log_text))
+    n_layer = int(plan.get("n_layer", 0))
+    lines = [f"{'device':<8} {'endpoint':<20} {'host':<8} {'planned':<18} {'llama.cpp loaded':<18}"]
     for dev in plan.get("devices", []):
         name = dev.get("name", "?")
         planned = dev.get("layers") or {}
-        plan_txt = f"{planned.get('start')}-{planned.get('end')} ({planned.get('count')})" if planned else "-"
-        got = seen.get(name)
-        got_txt = f"{got[0]}-{got[-1]} ({len(got)})" if got else "-"
-        lines.append(f"{name:<8} {dev.get('endpoint') or 'local':<22} {dev.get('host', ''):<8} {plan_txt:<12} {got_txt:<16}")
+        units = list(range(planned["start"], planned["end"])) if planned.get("count") else []
+        lines.append(
+            f"{name:<8} {dev.get('endpoint') or 'local':<20} {dev.get('host', ''):<8} "
+            f"{_units_text(units, n_layer):<18} {_units_text(seen.get(name, []), n_layer):<18}"
+        )
     return lines
 
 
