@@ -1,0 +1,36 @@
+"""The library's CLI on the deployed lab: status at a glance, logs and link probes, over real SSH."""
+
+from __future__ import annotations
+
+import json
+
+from tests.helpers import cli
+
+
+def test_status_reports_every_host_active_and_healthy(deployed, fleet):
+    proc = cli("status", "--json")
+    rows = {row["host"]: row for row in json.loads(proc.stdout)}
+    assert set(rows) == set(fleet.hosts)
+    orch = rows[fleet.orchestrator.name]
+    assert orch["role"] == "orchestrator" and orch["state"] == "active" and orch["health"] == "ok"
+    for worker in fleet.workers:
+        row = rows[worker.name]
+        assert row["state"] == "active" and row["unit"] == "llamafleet-rpc-server.service"
+        assert int(row["cache_files"]) >= 1 and int(row["cache_bytes"]) > 10 * 1024 * 1024
+        assert row["build"] == orch["build"]
+
+
+def test_logs_show_the_worker_journal(deployed, fleet):
+    proc = cli("logs", fleet.workers[0].name, "-n", "200")
+    assert "Starting RPC server" in proc.stdout, proc.stdout[-2000:]
+    missing = cli("logs", "no-such-host", check=False)
+    assert missing.returncode == 2 and "no-such-host is not in" in missing.stderr
+
+
+def test_probe_measures_every_orchestrator_worker_link(deployed, fleet):
+    proc = cli("probe", "--megabytes", "8")
+    lines = [ln for ln in proc.stdout.splitlines() if "->" in ln]
+    assert len(lines) == len(fleet.workers)
+    for line in lines:
+        connect_ms, mb_s = (float(x) for x in line.split()[-2:])
+        assert connect_ms >= 0 and mb_s > 1, line
