@@ -52,6 +52,8 @@ def test_llamacpp_compiled_once(deployed, fleet):
     assert len(records) == 3, infos
     assert len({r["build_id"] for r in records.values()}) == 1
     assert len({r["builder"] for r in records.values()}) == 1
+    # read from the built source: what the seeding must match (llama.cpp 0c1e570: 10 MiB, protocol 7)
+    assert {(r["rpc_hash_threshold"], r["rpc_protocol"]) for r in records.values()} == {(10 * 1024 * 1024, 7)}
 
 
 def test_layers_on_every_rpc_device_as_planned(deployed, fleet):
