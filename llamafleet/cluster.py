@@ -13,6 +13,7 @@ from .errors import UserError
 from .fleet import Fleet, Host
 
 LLAMA_UNIT = "llamafleet-llama-server.service"
+RPC_UNIT = "llamafleet-rpc-server.service"
 PLAN_PATH = "/etc/llamafleet/plan.json"
 
 

@@ -7,12 +7,11 @@ import json
 import shlex
 from pathlib import Path
 
-from .cluster import LLAMA_UNIT, Endpoint
+from .cluster import LLAMA_UNIT, RPC_UNIT, Endpoint
 from .errors import UserError
 from .fleet import Fleet, Host
 
 DEFAULT_INVENTORY = Path(__file__).resolve().parents[1] / "inventories" / "lab" / "hosts.ini"
-RPC_UNIT = "llamafleet-rpc-server.service"
 
 STATUS_SCRIPT = r"""
 role="$1"

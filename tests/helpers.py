@@ -65,8 +65,8 @@ def parse_recap(output: str) -> dict[str, dict[str, int]]:
     return recap
 
 
-def playbook(name: str, *args: str, timeout: float = 3600) -> PlaybookRun:
-    cmd = [str(BIN / "ansible-playbook"), "-i", str(INVENTORY), str(REPO / "playbooks" / name), *args]
+def playbook(name: str, *args: str, timeout: float = 3600, inventory: Path = INVENTORY) -> PlaybookRun:
+    cmd = [str(BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "playbooks" / name), *args]
     proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout, check=False)
     out = proc.stdout + proc.stderr
     return PlaybookRun(proc.returncode, out, parse_recap(proc.stdout))

@@ -16,9 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..cluster import RPC_UNIT
 from ..errors import UserError
 from ..fleet import Fleet
-from .runner import Measurement, RPC_UNIT, deployed_argv, replace_flag, restore_service, run_variant, stop_service
+from .runner import Measurement, deployed_argv, replace_flag, restore_service, run_variant, stop_service
 
 CACHE_DIR = "/var/lib/llamafleet-rpc/cache/rpc"
 MODEL_ROOT = "/var/lib/llamafleet/models"

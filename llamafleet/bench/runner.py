@@ -16,12 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..cluster import LLAMA_UNIT, PLAN_PATH, Endpoint
+from ..cluster import LLAMA_UNIT, Endpoint
 from ..errors import UserError
 from ..fleet import Fleet
 
 BENCH_UNIT = "llamafleet-bench.service"
-RPC_UNIT = "llamafleet-rpc-server.service"
 PROMPT = "The capital of France is"
 
 
@@ -128,10 +127,3 @@ def write_results(out_dir: Path, name: str, rows: list[Measurement], table: str)
     (out_dir / f"{name}.md").write_text(table + "\n", encoding="utf-8")
     return path
 
-
-def read_plan_json(fleet: Fleet) -> dict[str, Any]:
-    orch = fleet.orchestrator
-    res = fleet.run(f"cat {PLAN_PATH}", [orch])[orch.name]
-    if not res.ok:
-        raise UserError(f"{orch.name}: {PLAN_PATH} missing: deploy first")
-    return json.loads(res.stdout)

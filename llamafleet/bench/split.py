@@ -5,8 +5,9 @@ Same fleet, model, prompt and binary; only the split flags differ.
 
 from __future__ import annotations
 
-from .runner import Measurement, deployed_argv, read_plan_json, remove_flags, replace_flag, restore_service, run_variant
+from ..cluster import read_plan
 from ..fleet import Fleet
+from .runner import Measurement, deployed_argv, remove_flags, replace_flag, restore_service, run_variant
 
 
 def variants(argv: list[str], n_devices: int) -> dict[str, list[str]]:
@@ -34,7 +35,7 @@ def table(rows: list[Measurement]) -> str:
 
 def run(fleet: Fleet, runs: int = 3) -> list[Measurement]:
     argv = deployed_argv(fleet)
-    plan = read_plan_json(fleet)
+    plan = read_plan(fleet)
     rows = []
     try:
         for name, variant in variants(argv, len(plan["devices"])).items():

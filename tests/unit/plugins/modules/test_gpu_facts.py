@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.llamafleet.cluster.plugins.modules import gpu_facts
+from module_runner import run_main
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gpu"
 DEV_RPC_SERVER = Path("/var/cache/llamafleet/dev/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/ggml-rpc-server")
 
 
 def run_module(args: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
-    with patch_module_args(args), pytest.raises(SystemExit) as exited:
-        gpu_facts.main()
-    return exited.value.code or 0, json.loads(capsys.readouterr().out)
+    return run_main(gpu_facts.main, args, capsys)
 
 
 @pytest.fixture

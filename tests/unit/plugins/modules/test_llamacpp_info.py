@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.llamafleet.cluster.plugins.modules import llamacpp_info
+from module_runner import run_main
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llamacpp"
 DEV_BIN = Path("/var/cache/llamafleet/dev/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin")
 
 
 def run_module(args: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
-    with patch_module_args(args), pytest.raises(SystemExit) as exited:
-        llamacpp_info.main()
-    return exited.value.code or 0, json.loads(capsys.readouterr().out)
+    return run_main(llamacpp_info.main, args, capsys)
 
 
 def fake_binary(path: Path, help_file: str, help_to_stderr: bool, version_file: str | None = None) -> None:

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 from gguf_testfile import write_gguf
 
 from ansible_collections.llamafleet.cluster.plugins.modules import rpc_cache_seed
+from module_runner import run_main
 
 
 def run_module(args: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
-    """Run the module's main() with ``args``; returns (exit code, result)."""
-    with patch_module_args(args), pytest.raises(SystemExit) as exited:
-        rpc_cache_seed.main()
-    return exited.value.code or 0, json.loads(capsys.readouterr().out)
+    return run_main(rpc_cache_seed.main, args, capsys)
 
 
 @pytest.fixture

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import socket
 import struct
 import threading
 from typing import Any, Iterator
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.llamafleet.cluster.plugins.modules import rpc_hello
+from module_runner import run_main
 
 
 def run_module(args: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
-    """Run the module's main() with ``args``; returns (exit code, result)."""
-    with patch_module_args(args), pytest.raises(SystemExit) as exited:
-        rpc_hello.main()
-    return exited.value.code or 0, json.loads(capsys.readouterr().out)
+    return run_main(rpc_hello.main, args, capsys)
 
 
 @pytest.fixture

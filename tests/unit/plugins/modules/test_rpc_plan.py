@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.llamafleet.cluster.plugins.module_utils.llama_flags import detect_features
 from ansible_collections.llamafleet.cluster.plugins.modules import rpc_plan
+from module_runner import run_main
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llamacpp"
 GEMMA = json.loads((FIXTURES / "gemma-3-270m-q4_k_m_model_facts.json").read_text())
@@ -37,9 +37,7 @@ WORKERS = [
 
 
 def run_module(args: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
-    with patch_module_args(args), pytest.raises(SystemExit) as exited:
-        rpc_plan.main()
-    return exited.value.code or 0, json.loads(capsys.readouterr().out)
+    return run_main(rpc_plan.main, args, capsys)
 
 
 def args(**extra: Any) -> dict[str, Any]:
