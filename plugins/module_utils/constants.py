@@ -1,0 +1,72 @@
+# -*- coding: utf-8 -*-
+# Copyright: llamafleet maintainers
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Every fixed name and default of a llamafleet deployment, in one place.
+
+Modules and module_utils import this file; the library imports it as
+``llamafleet.core.constants``; roles and playbooks read it through the lookup
+``llamafleet.cluster.constants`` (for example
+``lookup('llamafleet.cluster.constants', 'llama_server_unit')``).  Role defaults
+that users may override (ports, users, homes) repeat the value here so that
+``ansible-doc`` can show it; ``tests/unit/roles/test_constants.py`` fails when
+the two drift apart.
+"""
+
+from __future__ import annotations
+
+# Inventory groups.
+GROUP_FLEET = "llamafleet"
+GROUP_ORCHESTRATOR = "llamafleet_orchestrator"
+GROUP_WORKERS = "llamafleet_workers"
+
+# systemd units.
+LLAMA_SERVER_UNIT = "llamafleet-llama-server.service"
+RPC_SERVER_UNIT = "llamafleet-rpc-server.service"
+# One rpc-server per device: the device's ggml name, lower-cased, goes in the middle.
+RPC_SERVER_DEVICE_UNIT = "llamafleet-rpc-server-%s.service"
+RPC_FIREWALL_UNIT = "llamafleet-rpc-firewall.service"
+
+# Ports (role defaults llama_server_port and rpc_server_port).
+LLAMA_SERVER_PORT = 8080
+RPC_SERVER_PORT = 50052
+
+# Service users and their homes (role defaults).
+LLAMA_SERVER_USER = "llamafleet"
+LLAMA_SERVER_HOME = "/var/lib/llamafleet"
+RPC_SERVER_USER = "llamafleet-rpc"
+RPC_SERVER_HOME = "/var/lib/llamafleet-rpc"
+# rpc-server's weight cache lives in $LLAMA_CACHE/rpc; the unit sets LLAMA_CACHE to this, under the home.
+RPC_CACHE_SUBDIR = "cache"
+
+# Where builds are installed: <root>/<build id>/bin, and <root>/current -> the build in use.
+LLAMACPP_ROOT = "/opt/llamafleet/llama.cpp"
+MODEL_DIR = "/var/lib/llamafleet/models"
+
+# The rpc-server binary (and its CMake target) was renamed over time; newest first.
+RPC_SERVER_BINARIES = ("ggml-rpc-server", "rpc-server", "llama-rpc-server")
+
+# llama.cpp's RPC_HASH_THRESHOLD of the sources we know (ggml-rpc.cpp): tensors larger than this
+# are announced by hash first.  The build reads the real value from the source it compiled; this
+# is only the fallback when nothing was recorded.
+RPC_HASH_THRESHOLD = 10 * 1024 * 1024
+# RPC protocol major version of llama.cpp 0c1e570 (ggml-rpc.h); the build records its own.
+RPC_PROTO_MAJOR = 7
+
+# Devices a single llama-server can address besides the CPU (GGML_SCHED_MAX_BACKENDS - 1).
+MAX_DEVICES = 15
+
+
+def rpc_cache_dir(home: str = RPC_SERVER_HOME) -> str:
+    """rpc-server's cache directory for a service home (``$LLAMA_CACHE/rpc``)."""
+    return "%s/%s/rpc" % (home.rstrip("/"), RPC_CACHE_SUBDIR)
+
+
+def rpc_server_unit(device: str | None = None) -> str:
+    """The unit name of the host's rpc-server, or of the one serving ``device``."""
+    return RPC_SERVER_DEVICE_UNIT % device.lower() if device else RPC_SERVER_UNIT
+
+
+def as_dict() -> dict:
+    """Every constant by lower-case name (what the lookup plugin serves)."""
+    return {name.lower(): value for name, value in globals().items()
+            if name.isupper() and not name.startswith("_")}
