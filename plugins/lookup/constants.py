@@ -7,7 +7,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 name: constants
-author: llamafleet maintainers
+author: llamafleet maintainers (@llamafleet)
 short_description: The fixed names and defaults of a llamafleet deployment
 description:
   - Returns values from the collection's one constants module (unit names, inventory groups, default
