@@ -71,14 +71,14 @@ lint: venv collection
 # copy under .../ansible_collections/llamafleet/cluster as ansible-test requires.
 # Its pip bootstrap normally comes from ci-files.testing.ansible.com; where only
 # PyPI is reachable, tests/sanity/get_pip_offline.py does the same job.
-SANITY_EXCLUDE := ^(llamafleet/|benchmarks/|scripts/|extensions/|tests/(integration|e2e|helpers\.py|__init__\.py|unit/lab/|unit/llamafleet/|output/)|requirements/|pyproject\.toml|Makefile|\.ci/)
+SANITY_EXCLUDE := ^(llamafleet/|benchmarks/|extensions/|tests/(integration|e2e|helpers\.py|__init__\.py|unit/llamafleet/|output/)|requirements/|pyproject\.toml|Makefile|\.ci/)
 
 sanity: venv
 	@echo "==> ansible-test sanity (collection content, Python 3.11)"
 	@mkdir -p $$HOME/.ansible/test/cache && for v in 24_2 25_0 25_1 25_2; do \
 	  [ -e $$HOME/.ansible/test/cache/get_pip_$$v.py ] || cp tests/sanity/get_pip_offline.py $$HOME/.ansible/test/cache/get_pip_$$v.py; done
 	@tmp=$$(mktemp -d) && dest=$$tmp/ansible_collections/llamafleet/cluster && mkdir -p $$dest && \
-	  git ls-files -co --exclude-standard | grep -Ev '$(SANITY_EXCLUDE)' | rsync -a --files-from=- ./ $$dest/ && \
+	  git ls-files -co --exclude-standard | grep -Ev '$(SANITY_EXCLUDE)' | while read -r f; do if [ -e "$$f" ]; then echo "$$f"; fi; done | rsync -a --files-from=- ./ $$dest/ && \
 	  if (cd $$dest && $(BIN)/ansible-test sanity --python 3.11 > $$tmp/sanity.log 2>&1); then rc=0; else rc=$$?; fi; \
 	  grep -Ev '^(WARNING: Using locale|WARNING: Location|Looking in|Collecting|Downloading|Installing|Successfully|Processing|  |Requirement)' $$tmp/sanity.log || true; \
 	  rm -rf $$tmp; exit $$rc

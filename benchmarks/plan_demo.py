@@ -10,7 +10,8 @@ Llama-3-70B-shaped Q4_K_M (80 layers, 8 KV heads of 128; tensor sizes
 approximated from its quantisation, not read from a file); ``--model`` plans a
 real GGUF instead, with the facts the GGUF reader gives.
 
-    python benchmarks/plan_demo.py [--model FILE.gguf] [--ctx 8192] [--parallel 2] [--cache-type q8_0] [--json]
+    python benchmarks/plan_demo.py [--model FILE.gguf] [--ctx 8192] [--parallel 2] [--cache-type q8_0]
+                                   [--policy balanced|even|fewest_hops|fit] [--rtt-ms 2.5] [--json]
 """
 
 from __future__ import annotations
@@ -46,25 +47,27 @@ def llama70b_q4km() -> dict:
     }
 
 
-def gpu(backend: str, index: int, name: str, total: int, free: int, reserve: int = 0) -> dict:
+def gpu(backend: str, index: int, name: str, total: int, free: int, bandwidth: float, reserve: int = 0) -> dict:
+    """A device dict; ``bandwidth`` is the vendor's memory bandwidth, GB/s (the planner's per-token estimate)."""
     return {"backend": backend, "index": index, "name": name, "total_mib": total, "free_mib": free,
-            "integrated": False, "reserve_mib": reserve}
+            "integrated": False, "reserve_mib": reserve, "bandwidth_gbs": bandwidth}
 
 
 FLEET = {
     "workers": [
         {"host": "ws2", "address": "192.168.1.12", "port": 50052,
-         "devices": [gpu("cuda", 0, "NVIDIA GeForce RTX 3060", 12288, 11874)]},
+         "devices": [gpu("cuda", 0, "NVIDIA GeForce RTX 3060", 12288, 11874, 360)]},
         {"host": "ws3", "address": "192.168.1.13", "port": 50052,
-         "devices": [gpu("cuda", 0, "NVIDIA GeForce RTX 3070", 8192, 7800),
-                     gpu("cuda", 1, "NVIDIA GeForce RTX 3070", 8192, 7950)]},
+         "devices": [gpu("cuda", 0, "NVIDIA GeForce RTX 3070", 8192, 7800, 448),
+                     gpu("cuda", 1, "NVIDIA GeForce RTX 3070", 8192, 7950, 448)]},
         {"host": "mac1", "address": "192.168.1.14", "port": 50052,
-         "devices": [gpu("metal", 0, "Apple M2 Pro", 21845, 21845, reserve=2048)]},
+         "devices": [gpu("metal", 0, "Apple M2 Pro", 21845, 21845, 200, reserve=2048)]},
         {"host": "nas1", "address": "192.168.1.15", "port": 50052,
          "devices": [{"backend": "cpu", "index": 0, "name": "Intel Xeon E-2236", "total_mib": 32000,
-                      "free_mib": 29500, "reserve_mib": 1024, "max_mib": 16384}]},
+                      "free_mib": 29500, "reserve_mib": 1024, "max_mib": 16384, "bandwidth_gbs": 41.6}]},
     ],
-    "orchestrator": {"host": "ws1", "devices": [gpu("cuda", 0, "NVIDIA GeForce RTX 4090", 24564, 24108, reserve=512)]},
+    "orchestrator": {"host": "ws1",
+                     "devices": [gpu("cuda", 0, "NVIDIA GeForce RTX 4090", 24564, 24108, 1008, reserve=512)]},
 }
 
 
@@ -74,13 +77,16 @@ def main() -> int:
     parser.add_argument("--ctx", type=int, default=8192)
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--cache-type", default="f16")
+    parser.add_argument("--policy", default=split_plan.DEFAULT_POLICY, choices=split_plan.POLICIES)
+    parser.add_argument("--rtt-ms", type=float, help="measured round trip to every worker (lets balanced weigh hops)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = parser.parse_args()
 
     facts = gguf.model_facts(args.model) if args.model else llama70b_q4km()
     try:
         plan = split_plan.plan_split(FLEET["workers"], FLEET["orchestrator"], facts, ctx_size=args.ctx,
-                                     n_parallel=args.parallel, cache_type_k=args.cache_type)
+                                     n_parallel=args.parallel, cache_type_k=args.cache_type, policy=args.policy,
+                                     link_rtt_ms=args.rtt_ms)
     except split_plan.PlanError as exc:
         print("no plan: %s" % exc, file=sys.stderr)
         return 1
@@ -94,6 +100,11 @@ def main() -> int:
     print(header)
     print("-" * len(header))
     for dev in plan["devices"]:
+        if dev["layers"] is None:  # policy fit: llama.cpp decides at load time
+            print("%-6s %-20s %-6s %-26s %-14s %5s %9s %8s %8s %9s %8d %6s" % (
+                dev["name"], dev["endpoint"] or "local", dev["host"], dev["description"][:26], "(llama.cpp)",
+                "-", "-", "-", "-", "-", dev["usable_mib"], "-"))
+            continue
         print("%-6s %-20s %-6s %-26s %-14s %5d %9.0f %8.0f %8.0f %9.0f %8d %5.1f%%" % (
             dev["name"], dev["endpoint"] or "local", dev["host"], dev["description"][:26], dev["layers"]["range"],
             dev["layers"]["count"], dev["weights_mib"], dev["kv_mib"], dev["compute_mib"], dev["total_mib"],
@@ -104,8 +115,9 @@ def main() -> int:
           "%s's RAM" % (totals["weights_mib"], totals["kv_mib"], totals["compute_mib"], totals["total_mib"],
                         totals["usable_mib"], plan["host_mib"], plan["orchestrator"]))
     print()
-    for line in plan["explanation"][:3]:
-        print(line)
+    for line in plan["explanation"]:
+        if not line.startswith(tuple(dev["name"] + " " for dev in plan["devices"])):
+            print(line)
     for warning in plan["warnings"]:
         print("warning:", warning)
     with open(HELP_FIXTURE, encoding="utf-8") as handle:

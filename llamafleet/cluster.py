@@ -9,12 +9,21 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from .core import constants
 from .errors import UserError
 from .fleet import Fleet, Host
 
-LLAMA_UNIT = "llamafleet-llama-server.service"
-RPC_UNIT = "llamafleet-rpc-server.service"
-PLAN_PATH = "/etc/llamafleet/plan.json"
+
+def error_message(body: bytes | str) -> str:
+    """The message of a llama-server error body (``{"error": {"message": ...}}``), else the body's start."""
+    text = body.decode(errors="replace") if isinstance(body, bytes) else body
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text.strip()[:300]
+    if isinstance(data, dict) and isinstance(data.get("error"), dict) and data["error"].get("message"):
+        return str(data["error"]["message"])
+    return text.strip()[:300]
 
 
 @dataclass
@@ -30,40 +39,48 @@ class Endpoint:
 
     @classmethod
     def of(cls, fleet: Fleet) -> Endpoint:
+        """The orchestrator's llama-server, where the inventory says it listens."""
         orch = fleet.orchestrator
-        hv = orch.vars
-        address = str(hv.get("llama_server_bind_address") or orch.cluster_address)
-        return cls(orch, address, int(hv.get("llama_server_port", 8080)), str(hv.get("llama_server_api_key", "")))
+        address = str(orch.var("llama_server_bind_address", orch.cluster_address))
+        port = int(orch.var("llama_server_port", constants.LLAMA_SERVER_PORT))
+        return cls(orch, address, port, str(orch.var("llama_server_api_key", "")))
 
-    def request(self, path: str, payload: dict[str, Any] | None = None, timeout: float = 300.0) -> dict[str, Any]:
+    def _open(self, path: str, payload: dict[str, Any] | None, timeout: float):
         data = json.dumps(payload).encode() if payload is not None else None
         req = urllib.request.Request(self.url + path, data=data, method="POST" if data else "GET")
         req.add_header("Content-Type", "application/json")
         if self.api_key:
             req.add_header("Authorization", f"Bearer {self.api_key}")
+        return urllib.request.urlopen(req, timeout=timeout)  # noqa: S310 - the fleet's own endpoint
+
+    def request(self, path: str, payload: dict[str, Any] | None = None, timeout: float = 300.0) -> dict[str, Any]:
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - the fleet's own endpoint
+            with self._open(path, payload, timeout) as resp:
                 return json.loads(resp.read().decode())
         except urllib.error.HTTPError as exc:
-            body = exc.read().decode(errors="replace")
-            raise UserError(f"{self.url}{path}: HTTP {exc.code}: {body[:300]}") from exc
+            raise UserError(f"{self.url}{path}: HTTP {exc.code}: {error_message(exc.read())}") from exc
         except (urllib.error.URLError, OSError) as exc:
             raise UserError(f"{self.url}{path}: unreachable ({getattr(exc, 'reason', exc)})") from exc
 
-    def wait_healthy(self, timeout: float = 300.0) -> float:
+    def health(self, timeout: float = 5.0) -> str:
+        """``ok`` when /health answers 200, else why not (``HTTP 503: Loading model``, ``unreachable (...)``)."""
+        try:
+            with self._open("/health", None, timeout) as resp:
+                return "ok" if resp.status == 200 else f"HTTP {resp.status}"
+        except urllib.error.HTTPError as exc:
+            return f"HTTP {exc.code}: {error_message(exc.read())}"
+        except (urllib.error.URLError, OSError) as exc:
+            return f"unreachable ({getattr(exc, 'reason', exc)})"
+
+    def wait_healthy(self, timeout: float = 300.0, interval: float = 0.25) -> float:
         """Seconds until /health answered 200."""
         start = time.monotonic()
-        last = ""
+        last = "not asked"
         while time.monotonic() - start < timeout:
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:  # noqa: S310
-                    if resp.status == 200:
-                        return time.monotonic() - start
-            except urllib.error.HTTPError as exc:
-                last = f"HTTP {exc.code}"
-            except (urllib.error.URLError, OSError) as exc:
-                last = str(getattr(exc, "reason", exc))
-            time.sleep(0.25)
+            last = self.health(timeout=min(5.0, max(timeout, 0.5)))
+            if last == "ok":
+                return time.monotonic() - start
+            time.sleep(interval)
         raise UserError(f"{self.url}/health did not answer 200 within {timeout:.0f} s (last: {last})")
 
     def complete(self, prompt: str, n_predict: int = 32, **extra: Any) -> dict[str, Any]:
@@ -75,23 +92,24 @@ class Endpoint:
 
 def read_plan(fleet: Fleet) -> dict[str, Any]:
     """The split plan the deploy wrote on the orchestrator."""
-    res = fleet.run(f"cat {PLAN_PATH}", [fleet.orchestrator])[fleet.orchestrator.name]
-    if not res.ok:
-        raise UserError(f"{fleet.orchestrator.name}: cannot read {PLAN_PATH}: {res.error or res.stderr.strip()}")
-    return json.loads(res.stdout)
+    orch = fleet.orchestrator
+    text = fleet.run_one(f"cat {constants.PLAN_PATH}", orch, what=f"cannot read {constants.PLAN_PATH}")
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise UserError(f"{orch.name}: {constants.PLAN_PATH} is not JSON ({exc})") from exc
+
+
+def server_log_command(since_start: bool = True, lines: int = 4000) -> str:
+    """The journal of llama-server: from its last start (its invocation) or the last ``lines`` lines."""
+    unit = constants.LLAMA_SERVER_UNIT
+    if since_start:
+        return (f"inv=$(systemctl show -p InvocationID --value {unit}); "
+                f"journalctl -o cat --no-pager _SYSTEMD_INVOCATION_ID=$inv")
+    return f"journalctl -o cat --no-pager -n {int(lines)} -u {unit}"
 
 
 def server_log(fleet: Fleet, since_start: bool = True, lines: int = 4000) -> str:
     """llama-server's journal on the orchestrator (from its last start when ``since_start``)."""
-    orch = fleet.orchestrator
-    if since_start:
-        cmd = (
-            f"inv=$(systemctl show -p InvocationID --value {LLAMA_UNIT}); "
-            f"journalctl -o cat --no-pager _SYSTEMD_INVOCATION_ID=$inv"
-        )
-    else:
-        cmd = f"journalctl -o cat --no-pager -n {lines} -u {LLAMA_UNIT}"
-    res = fleet.run(cmd, [orch])[orch.name]
-    if not res.ok:
-        raise UserError(f"{orch.name}: cannot read the journal of {LLAMA_UNIT}: {res.error or res.stderr.strip()}")
-    return res.stdout
+    return fleet.run_one(server_log_command(since_start, lines), fleet.orchestrator,
+                         what=f"cannot read the journal of {constants.LLAMA_SERVER_UNIT}")

@@ -12,14 +12,13 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from .cluster import Endpoint, read_plan, server_log
 from .core.log_parse import layer_ranges, parse_load_log
 from .errors import UserError
-from .fleet import Fleet
+from .fleet import Fleet, tool
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "The capital of France is"
@@ -34,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _playbook(inventory: Path, *extra: str) -> None:
-    cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", str(inventory),
+    cmd = [tool("ansible-playbook"), "-i", str(inventory),
            str(REPO / "playbooks" / "deploy.yml"), *extra]
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
     print(f"==> {' '.join(cmd[1:])}", flush=True)

@@ -13,29 +13,35 @@ import json
 import os
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
-from ..cluster import RPC_UNIT
+from ..core import constants
 from ..errors import UserError
-from ..fleet import Fleet
-from .runner import Measurement, deployed_argv, replace_flag, restore_service, run_variant, stop_service
+from ..fleet import Fleet, Host, tool
+from ..layout import host_layout, rpc_endpoints, service_user
+from .runner import (
+    Measurement,
+    deployed_argv,
+    replace_flag,
+    run_variant,
+    serving_paused,
+    stop_service,
+)
 
-CACHE_DIR = "/var/lib/llamafleet-rpc/cache/rpc"
-MODEL_ROOT = "/var/lib/llamafleet/models"
+# The weight cache of a worker with the roles' defaults (each worker's own comes from its rpc_server_home).
+CACHE_DIR = constants.rpc_cache_dir()
 REPO = Path(__file__).resolve().parents[2]
 
 
 def ansible_module(inventory: Path, hosts: str, module: str, args: dict) -> None:
-    exe = os.path.join(os.path.dirname(sys.executable), "ansible")
-    cmd = [exe, hosts, "-i", str(inventory), "-m", module, "-a", json.dumps(args)]
+    cmd = [tool("ansible"), hosts, "-i", str(inventory), "-m", module, "-a", json.dumps(args)]
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise UserError(f"ansible {module} on {hosts} failed:\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}")
 
 
-def ensure_synthetic(inventory: Path, cache_root: Path) -> str:
+def ensure_synthetic(fleet: Fleet, inventory: Path, cache_root: Path) -> str:
     """Generate the synthetic model once, publish it on the lab mirror, fetch it on every host."""
     from ..core.fetch import sha256_file
     from ..lab.mirror import publish
@@ -48,24 +54,47 @@ def ensure_synthetic(inventory: Path, cache_root: Path) -> str:
         synth_main([str(path)])
     url = publish(path, "models")
     sha = sha256_file(str(path)).hexdigest()
-    ansible_module(inventory, "llamafleet", "llamafleet.cluster.model_fetch",
-                   {"files": [{"url": url, "sha256": sha}], "dest": f"{MODEL_ROOT}/synthetic"})
-    return f"{MODEL_ROOT}/synthetic/{path.name}"
+    dest = f"{fleet.orchestrator.var('model_dir', constants.MODEL_DIR)}/synthetic"
+    ansible_module(inventory, constants.GROUP_FLEET, "llamafleet.cluster.model_fetch",
+                   {"files": [{"url": url, "sha256": sha}], "dest": dest})
+    return f"{dest}/{path.name}"
+
+
+def empty_cache_command(fleet: Fleet, host: Host) -> str:
+    """Stop a worker's rpc-servers and leave it an empty weight cache owned by the service user."""
+    layout = host_layout(fleet, host)
+    user, _ = service_user(host, "rpc_server")
+    cache = shlex.quote(layout.rpc_cache_dir or CACHE_DIR)
+    return (f"systemctl stop {shlex.join(layout.rpc_units)} && rm -rf {cache} && "
+            f"install -d -m 0700 -o {shlex.quote(user)} -g {shlex.quote(user)} {cache}")
+
+
+def seed_groups(fleet: Fleet) -> dict[tuple[str, str], list[str]]:
+    """Workers grouped by (cache directory, service user): one rpc_cache_seed call per group."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for worker in fleet.workers:
+        key = (host_layout(fleet, worker).rpc_cache_dir or CACHE_DIR, service_user(worker, "rpc_server")[0])
+        groups.setdefault(key, []).append(worker.name)
+    return groups
 
 
 def reset_workers(fleet: Fleet, inventory: Path, model: str | None, hasher: str) -> None:
     """Stop rpc-servers, empty their caches, optionally seed them from ``model``, start them again."""
-    fleet.run(f"systemctl stop {RPC_UNIT} && rm -rf {CACHE_DIR} && install -d -m 0700 -o llamafleet-rpc "
-              f"-g llamafleet-rpc {CACHE_DIR}", fleet.workers)
+    failed = fleet.run(lambda h: empty_cache_command(fleet, h), fleet.workers).failed
+    if failed:
+        raise UserError("; ".join(f"{name}: emptying the weight cache failed: {res.reason}"
+                                  for name, res in failed.items()))
     if model:
-        ansible_module(inventory, "llamafleet_workers", "llamafleet.cluster.rpc_cache_seed",
-                       {"model": [model], "cache_dir": CACHE_DIR, "hasher": hasher, "owner": "llamafleet-rpc",
-                        "group": "llamafleet-rpc", "prune": False})
-    fleet.run(f"systemctl start {RPC_UNIT}", fleet.workers)
-    endpoints = " ".join(f"{w.cluster_address}:{int(w.vars.get('rpc_server_port', 50052))}" for w in fleet.workers)
-    res = fleet.run(f"/usr/local/libexec/llamafleet-rpc-wait --timeout 60 {endpoints}", [fleet.orchestrator])
-    if not res[fleet.orchestrator.name].ok:
-        raise UserError(f"workers did not answer HELLO after restart: {res[fleet.orchestrator.name].stderr}")
+        for (cache_dir, user), names in seed_groups(fleet).items():
+            ansible_module(inventory, ":".join(names), "llamafleet.cluster.rpc_cache_seed",
+                           {"model": [model], "cache_dir": cache_dir, "hasher": hasher, "owner": user,
+                            "group": user, "prune": False})
+    failed = fleet.run(lambda h: f"systemctl start {shlex.join(host_layout(fleet, h).rpc_units)}", fleet.workers).failed
+    if failed:
+        raise UserError("; ".join(f"{name}: starting rpc-server failed: {res.reason}" for name, res in failed.items()))
+    endpoints = " ".join(e for w in fleet.workers for e in rpc_endpoints(w))
+    fleet.run_one(f"{constants.RPC_WAIT_HELPER} --timeout 60 {endpoints}", fleet.orchestrator,
+                  what="workers did not answer HELLO after restart")
 
 
 def table(rows: list[Measurement]) -> str:
@@ -88,34 +117,39 @@ def run(fleet: Fleet, inventory: Path, cache_root: Path, rate: str = "240mbit") 
     hasher = str(Path(base[0]).parent / "llamafleet-fnv1a64")
     deployed_model = base[base.index("-m") + 1]
     models = {"gemma-3-270m": (deployed_model, base)}
-    synth = ensure_synthetic(inventory, cache_root)
+    synth = ensure_synthetic(fleet, inventory, cache_root)
     models["synthetic-llama"] = (synth, replace_flag(replace_flag(base, "-m", synth), "-ts", "1,1"))
     sizes = {}
     for name, (path, _) in models.items():
-        res = fleet.run(f"stat -c %s {shlex.quote(path)}", [fleet.orchestrator])[fleet.orchestrator.name]
-        sizes[name] = int(res.stdout.strip())
+        sizes[name] = int(fleet.run_one(f"stat -c %s {shlex.quote(path)}", fleet.orchestrator).strip())
     rows: list[Measurement] = []
-    try:
-        for worker in fleet.workers:
-            shape(worker.name, rate)
-        for name, (path, argv) in models.items():
-            outputs = {}
-            for cache in ("unseeded", "seeded"):
-                print(f"==> {name}, {cache} caches, links at {rate}", flush=True)
-                stop_service(fleet)
-                reset_workers(fleet, inventory, path if cache == "seeded" else None, hasher)
-                row = run_variant(fleet, f"{name}/{cache}", argv, runs=1, n_predict=32)
-                row.extra = {"model": name, "cache": cache, "model_bytes": sizes[name]}
-                outputs[cache] = row.content
-                print(f"    load {row.load_s:.2f} s, {row.bytes_to_workers / 1e6:.1f} MB sent", flush=True)
-                rows.append(row)
-            same = outputs["seeded"] == outputs["unseeded"]
-            for row in rows[-2:]:
-                row.extra["same_output"] = "identical" if same else "DIFFERENT"
-    finally:
-        for worker in fleet.workers:
-            shape(worker.name, None)
+    with serving_paused(fleet):
+        try:
+            for worker in fleet.workers:
+                shape(worker.name, rate)
+            for name, (path, argv) in models.items():
+                rows += measure_model(fleet, inventory, name, path, argv, sizes[name], rate, hasher)
+        finally:
+            for worker in fleet.workers:
+                shape(worker.name, None)
+            stop_service(fleet)
+            reset_workers(fleet, inventory, deployed_model, hasher)
+    return rows
+
+
+def measure_model(fleet: Fleet, inventory: Path, name: str, path: str, argv: list[str], size: int, rate: str,
+                  hasher: str) -> list[Measurement]:
+    """First load of one model with unseeded, then seeded worker caches; whether both answered the same."""
+    rows = []
+    for cache in ("unseeded", "seeded"):
+        print(f"==> {name}, {cache} caches, links at {rate}", flush=True)
         stop_service(fleet)
-        reset_workers(fleet, inventory, deployed_model, hasher)
-        restore_service(fleet)
+        reset_workers(fleet, inventory, path if cache == "seeded" else None, hasher)
+        row = run_variant(fleet, f"{name}/{cache}", argv, runs=1, n_predict=32)
+        row.extra = {"model": name, "cache": cache, "model_bytes": size}
+        print(f"    load {row.load_s:.2f} s, {row.bytes_to_workers / 1e6:.1f} MB sent", flush=True)
+        rows.append(row)
+    same = rows[0].content == rows[1].content
+    for row in rows:
+        row.extra["same_output"] = "identical" if same else "DIFFERENT"
     return rows

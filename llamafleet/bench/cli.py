@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from ..fleet import Fleet
 from ..fleet_cli import DEFAULT_INVENTORY
+from ..lab.paths import cache_root
 from .runner import write_results
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "bench-results"
@@ -18,11 +18,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = parser.add_subparsers(dest="bench", metavar="BENCH")
     sub.required = True
 
-    p = sub.add_parser("split", help="planner's split vs even split vs llama.cpp's --fit: load time and tok/s")
+    about = ("planner's split vs even split vs llama.cpp's --fit: load time and tok/s "
+             "(stops the deployed llama-server while it runs, starts it again at the end)")
+    p = sub.add_parser("split", help=about, description=about)
     p.add_argument("--runs", type=int, default=3, help="completions per variant (median reported)")
     p.set_defaults(func=_split)
 
-    p = sub.add_parser("cache", help="weight bytes and load time, unseeded vs seeded worker caches, shaped links")
+    about = ("weight bytes and load time, unseeded vs seeded worker caches, shaped links "
+             "(stops the deployed llama-server while it runs, starts it again at the end)")
+    p = sub.add_parser("cache", help=about, description=about)
     p.add_argument("--rate", default="240mbit", help="tbf rate of each worker link (240mbit = 30 MB/s)")
     p.set_defaults(func=_cache)
 
@@ -46,8 +50,7 @@ def _cache(args: argparse.Namespace) -> int:
     from . import cache
 
     fleet = Fleet.from_inventory(args.inventory)
-    root = Path(os.environ.get("LLAMAFLEET_CACHE", "/var/cache/llamafleet"))
-    rows = cache.run(fleet, Path(args.inventory), root, rate=args.rate)
+    rows = cache.run(fleet, Path(args.inventory), cache_root(), rate=args.rate)
     text = cache.table(rows)
     print(text)
     print(f"results: {write_results(Path(args.out), 'cache', rows, text)}")

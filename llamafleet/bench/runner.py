@@ -3,7 +3,8 @@
 A variant is an argv for the orchestrator's llama-server.  It runs as a
 transient systemd unit (``systemd-run``) under the service user while the
 deployed unit is stopped, so the measurement sees the same binary, user and
-workers as production; the deployed unit is started again afterwards.
+workers as production; the deployed unit is started again afterwards, even
+when a variant fails (:func:`serving_paused`).
 """
 
 from __future__ import annotations
@@ -11,17 +12,24 @@ from __future__ import annotations
 import json
 import shlex
 import statistics
+import sys
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-from ..cluster import LLAMA_UNIT, Endpoint
+from ..cluster import Endpoint
+from ..core import constants
 from ..errors import UserError
+from ..facts import Fact, gather, parse_cmdline, parse_counters, parse_route_device
 from ..fleet import Fleet
+from ..layout import service_user
 
 BENCH_UNIT = "llamafleet-bench.service"
 PROMPT = "The capital of France is"
+LLAMA_UNIT = constants.LLAMA_SERVER_UNIT
 
 
 @dataclass
@@ -35,14 +43,33 @@ class Measurement:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def parse_exec_start(text: str) -> list[str]:
+    """The argv in ``systemctl show -p ExecStart --value``: systemd joins it with spaces, unquoted.
+
+    Exact only when no argument holds a space; :func:`deployed_argv` prefers the running process's argv.
+    """
+    if "argv[]=" not in text:
+        return []
+    return text.split("argv[]=", 1)[1].split(" ; ", 1)[0].split()
+
+
+DEPLOYED_FACTS = [
+    Fact("cmdline", f"pid=$(systemctl show -p MainPID --value {LLAMA_UNIT}); "
+                    f"[ \"${{pid:-0}}\" -gt 0 ] && cat /proc/$pid/cmdline", parse_cmdline),
+    Fact("exec_start", f"systemctl show -p ExecStart --value {LLAMA_UNIT}", parse_exec_start),
+]
+
+
 def deployed_argv(fleet: Fleet) -> list[str]:
-    """The ExecStart argv of the deployed llama-server, read back from systemd."""
+    """The argv of the deployed llama-server: the running process's own, else the unit's ExecStart."""
     orch = fleet.orchestrator
-    res = fleet.run(f"systemctl show -p ExecStart --value {LLAMA_UNIT}", [orch])[orch.name]
-    if not res.ok or "argv[]=" not in res.stdout:
-        raise UserError(f"{orch.name}: cannot read {LLAMA_UNIT}'s command line (deployed?): {res.stderr or res.error}")
-    text = res.stdout.split("argv[]=", 1)[1].split(" ;", 1)[0]
-    return shlex.split(text)
+    found = gather(fleet, [orch], lambda _: DEPLOYED_FACTS)[orch.name]
+    if not found.ok:
+        raise UserError(f"{orch.name}: cannot read {LLAMA_UNIT}'s command line: {found.error}")
+    argv = found.values["cmdline"] or found.values["exec_start"]
+    if not argv:
+        raise UserError(f"{orch.name}: {LLAMA_UNIT} has no command line (is the cluster deployed?)")
+    return argv
 
 
 def replace_flag(argv: list[str], flag: str, value: str | None) -> list[str]:
@@ -70,13 +97,28 @@ def remove_flags(argv: list[str], *flags: str) -> list[str]:
     return argv
 
 
+def rx_towards(route_device: str, counters: dict[str, int]) -> int:
+    """The received-bytes counter of the interface a worker reaches the orchestrator by."""
+    if route_device not in counters:
+        raise ValueError(f"no counters for interface {route_device} (have: {', '.join(sorted(counters))})")
+    return counters[route_device]
+
+
 def worker_tx_bytes(fleet: Fleet) -> int:
     """Bytes the orchestrator side sent towards the workers, from the workers' own interface counters."""
+    orchestrator = fleet.orchestrator.cluster_address
+    facts = [
+        Fact("route", f"ip -o route get {shlex.quote(orchestrator)}", parse_route_device),
+        Fact("rx", "grep -H . /sys/class/net/*/statistics/rx_bytes", parse_counters),
+    ]
     total = 0
-    for name, res in fleet.run("cat /sys/class/net/host0/statistics/rx_bytes", fleet.workers).items():
-        if not res.ok:
-            raise UserError(f"{name}: cannot read interface counters: {res.error or res.stderr}")
-        total += int(res.stdout.strip())
+    for name, found in gather(fleet, fleet.workers, lambda _: facts).items():
+        if not found.ok:
+            raise UserError(f"{name}: cannot read interface counters: {found.error}")
+        try:
+            total += rx_towards(found.values["route"], found.values["rx"])
+        except ValueError as exc:
+            raise UserError(f"{name}: {exc}") from exc
     return total
 
 
@@ -87,8 +129,57 @@ def stop_service(fleet: Fleet) -> None:
 
 def restore_service(fleet: Fleet) -> None:
     orch = fleet.orchestrator
-    fleet.run(f"systemctl stop {BENCH_UNIT}; systemctl reset-failed {BENCH_UNIT}; systemctl start {LLAMA_UNIT}", [orch])
+    fleet.run_one(f"systemctl stop {BENCH_UNIT}; systemctl reset-failed {BENCH_UNIT}; systemctl start {LLAMA_UNIT}",
+                  orch, what=f"starting {LLAMA_UNIT} again")
     Endpoint.of(fleet).wait_healthy(timeout=600)
+
+
+def pause_warning(fleet: Fleet) -> str:
+    """What the user must know before a benchmark takes the cluster out of service."""
+    orch = fleet.orchestrator
+    return (f"warning: this benchmark stops {LLAMA_UNIT} on {orch.name} ({Endpoint.of(fleet).url}): clients get "
+            "no answers until it ends; the deployed unit is started again at the end, also when it fails")
+
+
+@contextmanager
+def serving_paused(fleet: Fleet, out: TextIO | None = None) -> Iterator[None]:
+    """Say up front that llama-server stops; start the deployed unit again afterwards, whatever happens."""
+    out = out or sys.stderr
+    print(pause_warning(fleet), file=out, flush=True)
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        try:
+            restore_service(fleet)
+            print(f"==> {LLAMA_UNIT} is serving again", file=out, flush=True)
+        except UserError as exc:
+            if not failed:
+                raise
+            # the benchmark's own error is the one raised; this one must not hide it
+            print(f"llamafleet: error: could not start {LLAMA_UNIT} again: {exc}", file=out, flush=True)
+
+
+def measurement(name: str, load_s: float, sent: int, answers: Sequence[dict[str, Any]]) -> Measurement:
+    """A Measurement from /completion answers: median generation and prompt speeds, the last text."""
+    if not answers:
+        raise ValueError(f"variant {name}: no completion to measure")
+    return Measurement(
+        name,
+        load_s,
+        statistics.median(a["timings"]["predicted_per_second"] for a in answers),
+        statistics.median(a["timings"]["prompt_per_second"] for a in answers),
+        sent,
+        answers[-1]["content"],
+    )
+
+
+def systemd_run_argv(fleet: Fleet, argv: list[str]) -> list[str]:
+    """``systemd-run`` of ``argv`` as the orchestrator's llama-server user, in its home."""
+    user, home = service_user(fleet.orchestrator, "llama_server")
+    return ["systemd-run", f"--unit={BENCH_UNIT}", f"--uid={user}", f"--gid={user}",
+            f"--property=WorkingDirectory={home}", "--collect", *argv]
 
 
 def run_variant(fleet: Fleet, name: str, argv: list[str], runs: int = 3, n_predict: int = 64,
@@ -98,12 +189,8 @@ def run_variant(fleet: Fleet, name: str, argv: list[str], runs: int = 3, n_predi
     endpoint = Endpoint.of(fleet)
     stop_service(fleet)
     before = worker_tx_bytes(fleet)
-    cmd = ["systemd-run", f"--unit={BENCH_UNIT}", "--uid=llamafleet", "--gid=llamafleet",
-           "--property=WorkingDirectory=/var/lib/llamafleet", "--collect", *argv]
     started = time.monotonic()
-    res = fleet.run(shlex.join(cmd), [orch])[orch.name]
-    if not res.ok:
-        raise UserError(f"{orch.name}: systemd-run failed: {res.stderr or res.error}")
+    fleet.run_one(shlex.join(systemd_run_argv(fleet, argv)), orch, what="systemd-run")
     try:
         endpoint.wait_healthy(timeout=load_timeout)
     except UserError as exc:
@@ -111,13 +198,8 @@ def run_variant(fleet: Fleet, name: str, argv: list[str], runs: int = 3, n_predi
         raise UserError(f"variant {name}: {exc}\n{log}") from exc
     load_s = time.monotonic() - started
     sent = worker_tx_bytes(fleet) - before
-    tok, ptok, content = [], [], ""
-    for _ in range(runs):
-        answer = endpoint.complete(PROMPT, n_predict=n_predict)
-        tok.append(answer["timings"]["predicted_per_second"])
-        ptok.append(answer["timings"]["prompt_per_second"])
-        content = answer["content"]
-    return Measurement(name, load_s, statistics.median(tok), statistics.median(ptok), sent, content)
+    answers = [endpoint.complete(PROMPT, n_predict=n_predict) for _ in range(runs)]
+    return measurement(name, load_s, sent, answers)
 
 
 def write_results(out_dir: Path, name: str, rows: list[Measurement], table: str) -> Path:

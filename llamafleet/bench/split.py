@@ -1,13 +1,27 @@
 """Issue benchmark: the planner's split vs an even split vs llama.cpp's own automatic split (--fit).
 
-Same fleet, model, prompt and binary; only the split flags differ.
+Same fleet, model, prompt and binary; only the split flags differ.  The
+deployed llama-server is stopped while the variants run (said up front) and
+started again at the end, also when a variant fails.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..cluster import read_plan
+from ..core import constants
+from ..errors import UserError
 from ..fleet import Fleet
-from .runner import Measurement, deployed_argv, remove_flags, replace_flag, restore_service, run_variant
+from .runner import Measurement, deployed_argv, remove_flags, replace_flag, run_variant, serving_paused
+
+
+def device_count(plan: dict[str, Any]) -> int:
+    """How many devices the deployed plan splits the model over (llama.cpp's -ts has one value each)."""
+    devices = plan.get("devices")
+    if not isinstance(devices, list) or not devices:
+        raise UserError(f"{constants.PLAN_PATH} names no devices: deploy again (playbooks/deploy.yml) to write a plan")
+    return len(devices)
 
 
 def variants(argv: list[str], n_devices: int) -> dict[str, list[str]]:
@@ -34,15 +48,12 @@ def table(rows: list[Measurement]) -> str:
 
 
 def run(fleet: Fleet, runs: int = 3) -> list[Measurement]:
-    argv = deployed_argv(fleet)
-    plan = read_plan(fleet)
+    planned = variants(deployed_argv(fleet), device_count(read_plan(fleet)))
     rows = []
-    try:
-        for name, variant in variants(argv, len(plan["devices"])).items():
+    with serving_paused(fleet):
+        for name, variant in planned.items():
             print(f"==> split '{name}': {' '.join(variant[1:])}", flush=True)
             row = run_variant(fleet, name, variant, runs=runs)
             print(f"    load {row.load_s:.2f} s, {row.tok_s:.1f} tok/s", flush=True)
             rows.append(row)
-    finally:
-        restore_service(fleet)
     return rows

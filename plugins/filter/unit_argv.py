@@ -1,15 +1,15 @@
 # -*- coding: utf-8 -*-
 # Copyright: llamafleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters that render rpc-server's argv and systemd ExecStart lines (thin wrappers over module_utils)."""
+"""Filters that render rpc-server's argv, systemd ExecStart lines and rpc-server's unit (thin wrappers over module_utils)."""
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils.llama_flags import (
-    FlagError,
-    render_rpc_server_argv,
+from ansible_collections.llamafleet.cluster.plugins.module_utils.llama_flags import FlagError, render_rpc_server_argv
+from ansible_collections.llamafleet.cluster.plugins.module_utils.systemd_unit import (
+    render_rpc_server_unit,
     systemd_exec,
 )
 
@@ -40,8 +40,20 @@ def systemd_exec_line(argv):
         raise AnsibleFilterError("systemd_exec: %s" % exc) from exc
 
 
+def rpc_server_unit(argv, llamacpp, port, user, home, firewall=True, header=""):
+    """The systemd unit text of one rpc-server running ``argv`` (from ``rpc_server_argv``) of the
+    ``llamacpp_build_info`` build, with that build's backend's device policy."""
+    try:
+        return render_rpc_server_unit([str(a) for a in argv], backend=llamacpp["backend"], port=int(port),
+                                      user=str(user), home=str(home), build_id=llamacpp.get("build_id"),
+                                      firewall=bool(firewall), header=str(header))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise AnsibleFilterError("rpc_server_unit: %s" % exc) from exc
+
+
 class FilterModule:
     """llamafleet argv and unit filters."""
 
     def filters(self):
-        return {"rpc_server_argv": rpc_server_argv, "systemd_exec": systemd_exec_line}
+        return {"rpc_server_argv": rpc_server_argv, "systemd_exec": systemd_exec_line,
+                "rpc_server_unit": rpc_server_unit}

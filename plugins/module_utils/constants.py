@@ -41,6 +41,22 @@ RPC_CACHE_SUBDIR = "cache"
 # Where builds are installed: <root>/<build id>/bin, and <root>/current -> the build in use.
 LLAMACPP_ROOT = "/opt/llamafleet/llama.cpp"
 MODEL_DIR = "/var/lib/llamafleet/models"
+# llama.cpp backends the llamacpp_build role can compile for (role default llamacpp_build_backend: cpu).
+LLAMACPP_BACKENDS = ("cpu", "cuda", "vulkan", "metal", "rocm")
+
+# Files the roles write and the CLI reads.
+SYSTEMD_DIR = "/etc/systemd/system"
+CONFIG_DIR = "/etc/llamafleet"
+# The orchestrator's last split plan (rpc_plan's result), as JSON.
+PLAN_PATH = CONFIG_DIR + "/plan.json"
+# llama-server's API key (llama_server_api_key), root:service user 0640.
+API_KEY_PATH = CONFIG_DIR + "/llama-server.key"
+# The workers' nftables rules (rpc_server_firewall).
+RPC_FIREWALL_RULES = CONFIG_DIR + "/rpc-firewall.nft"
+# The RPC HELLO client (module_utils/rpc_proto.py run as a script) and its wrapper, the
+# llama-server unit's ExecStartPre: ``llamafleet-rpc-wait [--timeout S] HOST:PORT ...``.
+LIBEXEC_DIR = "/usr/local/libexec/llamafleet"
+RPC_WAIT_HELPER = "/usr/local/libexec/llamafleet-rpc-wait"
 
 # The rpc-server binary (and its CMake target) was renamed over time; newest first.
 RPC_SERVER_BINARIES = ("ggml-rpc-server", "rpc-server", "llama-rpc-server")

@@ -1,19 +1,20 @@
+# -*- coding: utf-8 -*-
+# Copyright: llamafleet maintainers
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Pinned, checksummed, resumable downloads of model files (GGUF and its shards).
 
 Standard library plus ansible-core's ``open_url`` (proxies, TLS validation),
 so it runs on any managed host.  The Ansible module
 ``llamafleet.cluster.model_fetch`` and the library both use it.
 
-A file is *verified* when its sha256 matches the pinned one.  Verifying a
-multi-gigabyte model on every run would be slow, so a small marker next to the
-file (``.<name>.verified``) records size, mtime and digest; when those still
-match the file is trusted without hashing it again.
+A file is *verified* when its sha256 matches the pinned one; ``checksum``
+remembers a verified file by a marker next to it, so a multi-gigabyte model is
+not hashed again on every run.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import urllib.error
@@ -22,7 +23,8 @@ from dataclasses import dataclass, field
 
 from ansible.module_utils.urls import open_url
 
-CHUNK = 4 * 1024 * 1024
+from .checksum import CHUNK, sha256_file, verify_in_place, write_marker
+
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -61,62 +63,6 @@ class FileState:
     accepts_ranges: bool = False
     action: str = "none"  # none | download | resume | replace
     notes: list[str] = field(default_factory=list)
-
-
-def sha256_file(path: str, start_hash=None, limit: int | None = None):
-    """Hash ``path`` (its first ``limit`` bytes) into a hashlib object."""
-    digest = start_hash or hashlib.sha256()
-    remaining = limit
-    with open(path, "rb") as handle:
-        while True:
-            size = CHUNK if remaining is None else min(CHUNK, remaining)
-            if size == 0:
-                break
-            block = handle.read(size)
-            if not block:
-                break
-            digest.update(block)
-            if remaining is not None:
-                remaining -= len(block)
-    return digest
-
-
-def marker_path(path: str) -> str:
-    return os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".verified")
-
-
-def _marker_matches(path: str, sha256: str) -> bool:
-    try:
-        with open(marker_path(path), encoding="utf-8") as handle:
-            data = json.load(handle)
-        st = os.stat(path)
-    except (OSError, ValueError):
-        return False
-    return data == {"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
-def write_marker(path: str, sha256: str) -> None:
-    st = os.stat(path)
-    tmp = marker_path(path) + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump({"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}, handle)
-    os.replace(tmp, marker_path(path))
-
-
-def verify_in_place(path: str, sha256: str, record: bool = True) -> bool:
-    """True when ``path`` holds the pinned bytes (marker first, else a full hash).
-
-    With ``record`` a successful full hash leaves a marker for later runs.
-    """
-    if not os.path.isfile(path):
-        return False
-    if _marker_matches(path, sha256):
-        return True
-    if sha256_file(path).hexdigest() == sha256:
-        if record:
-            write_marker(path, sha256)
-        return True
-    return False
 
 
 def probe(url: str, timeout: float) -> tuple[int | None, bool]:

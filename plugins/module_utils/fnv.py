@@ -146,13 +146,3 @@ def hash_ranges(path: str | os.PathLike[str], ranges: Sequence[tuple[int, int]],
     if resolved is None:
         return hash_ranges_python(path, checked)
     return _hash_ranges_helper(resolved, path, checked, jobs)
-
-
-def hash_file(path: str | os.PathLike[str], helper: str | None = None) -> str:
-    """Hash a whole file (a cache file's content, say)."""
-    path = os.fspath(path)
-    try:
-        size = os.stat(path).st_size
-    except OSError as exc:
-        raise HashError("%s: %s" % (path, exc.strerror or exc)) from exc
-    return hash_ranges(path, [(0, size)], helper=helper)[0]

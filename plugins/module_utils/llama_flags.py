@@ -1,15 +1,14 @@
 # -*- coding: utf-8 -*-
 # Copyright: llamafleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Detect what a llama.cpp build supports, and render its command lines and unit.
+"""Detect what a llama.cpp build supports, and render its command lines.
 
 llama.cpp renames and removes flags between versions (``--no-mmap``/``--mlock``
 became ``-lm/--load-mode``; rpc-server lost ``-m/--mem`` and gained
-``-d/--device``; the binary went from ``rpc-server`` to ``llama-rpc-server`` to
-``ggml-rpc-server``). So flags are detected from the build's own ``--help``,
-never assumed from a version number, and argv lists are rendered from what was
-detected. Rendering returns argv *lists*; the only shell-like quoting done here
-is systemd's, for ``ExecStart=``.
+``-d/--device``; the binary was renamed, see ``constants.RPC_SERVER_BINARIES``).
+So flags are detected from the build's own ``--help``, never assumed from a
+version number, and argv lists are rendered from what was detected. Rendering
+returns argv *lists*; ``systemd_unit`` quotes them for ``ExecStart=``.
 
 Stdlib only; shared by the Ansible modules and ``llamafleet.core.llama_flags``.
 """
@@ -19,8 +18,9 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Mapping, Sequence
 
-# Oldest name last: the first one found in a prefix's bin/ wins.
-RPC_SERVER_BINARIES = ("ggml-rpc-server", "llama-rpc-server", "rpc-server")
+from .constants import RPC_SERVER_BINARIES
+
+# Newest name first: the first one found in a prefix's bin/ wins.
 LLAMA_SERVER_BINARIES = ("llama-server", "server")
 
 # Feature name -> the flag spellings that provide it (any one is enough).
@@ -158,15 +158,6 @@ def pick_binary(names: Iterable[str], candidates: Sequence[str] = RPC_SERVER_BIN
     return None
 
 
-_USAGE = re.compile(r"^Usage:\s+(\S+)", re.M)
-
-
-def binary_from_usage(help_text: str) -> str | None:
-    """The program name a usage line shows (``Usage: /opt/llama/bin/ggml-rpc-server [options]`` -> ggml-rpc-server)."""
-    match = _USAGE.search(help_text)
-    return match.group(1).rsplit("/", 1)[-1] if match else None
-
-
 def detect_features(server_help: str | None = None, rpc_help: str | None = None,
                     version_text: str | None = None) -> dict[str, Any]:
     """Everything the renderers need to know about one build, from its ``--help``/``--version`` texts.
@@ -260,11 +251,13 @@ def render_llama_server_argv(binary: str, plan: Mapping[str, Any], features: Map
     Renders ``-m``, ``--rpc`` (before ``--device``, which names RPC devices
     that only exist once ``--rpc`` has connected), ``-ngl``, ``-sm layer``,
     ``-ts`` and, on builds that have it, ``--fit off`` (the plan sets the split;
-    ``--fit`` would otherwise probe every device over the network first).
+    ``--fit`` would otherwise probe every device over the network first). A
+    plan without ``tensor_split`` (split policy fit) renders neither ``-ngl``,
+    ``-ts`` nor ``--fit off``, so llama.cpp's own fit decides.
     ``ctx_size``/``n_parallel`` default to the plan's. With ``pin_devices``,
     ``--device`` lists the plan's devices so the order cannot drift (only use
     it when the local device names in the plan match the build's backend).
-    ``log_verbosity`` renders ``-lv N`` (3 shows the devices and buffer sizes,
+    ``log_verbosity`` renders ``-lv N`` (4 shows the devices and buffer sizes,
     5 also the layer each device holds; see log_parse).
     """
     name = binary.rsplit("/", 1)[-1]
@@ -276,14 +269,18 @@ def render_llama_server_argv(binary: str, plan: Mapping[str, Any], features: Map
     if pin_devices:
         _need(features, "device", "pinning devices", name)
         argv += ["--device", ",".join(plan["device_names"])]
-    _need(features, "n_gpu_layers", "GPU layers", name)
-    argv += ["-ngl", str(int(plan["ngl"]))]
+    planned = plan.get("tensor_split") is not None  # None: policy fit, llama.cpp's --fit sets -ngl and -ts
+    if not planned and not features.get("fit"):
+        raise FlagError("split policy fit needs --fit, which %s lacks: choose another split policy" % name)
+    if planned:
+        _need(features, "n_gpu_layers", "GPU layers", name)
+        argv += ["-ngl", str(int(plan["ngl"]))]
     if features.get("split_mode"):
         argv += ["-sm", plan.get("split_mode", "layer")]
-    if len(plan["devices"]) > 1:
+    if planned and len(plan["devices"]) > 1:
         _need(features, "tensor_split", "the tensor split", name)
         argv += ["-ts", ",".join(_number(v) for v in plan["tensor_split"])]
-    if features.get("fit"):
+    if planned and features.get("fit"):
         argv += ["--fit", "off"]
     _need(features, "ctx_size", "the context size", name)
     argv += ["-c", str(int(plan["ctx_size"] if ctx_size is None else ctx_size))]
@@ -318,135 +315,3 @@ def _number(value: Any) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
-
-
-# ---------------------------------------------------------------------------
-# systemd
-# ---------------------------------------------------------------------------
-
-_SYSTEMD_SAFE = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
-
-
-def systemd_quote(arg: str) -> str:
-    """Quote one argument for ``ExecStart=`` so systemd passes it through unchanged.
-
-    systemd splits ExecStart on whitespace, honours double quotes with C-style
-    backslash escapes, expands ``%`` specifiers and ``$VAR`` references; so
-    ``%`` becomes ``%%``, ``$`` becomes ``$$``, and anything outside a
-    conservative safe set is double-quoted with ``\\`` and ``"`` escaped.
-    """
-    text = str(arg).replace("%", "%%").replace("$", "$$")
-    if text and _SYSTEMD_SAFE.fullmatch(text):
-        return text
-    escaped = (text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-               .replace("\t", "\\t").replace("\r", "\\r"))
-    return '"%s"' % escaped
-
-
-def systemd_exec(argv: Sequence[str]) -> str:
-    """An ExecStart value: the argv quoted for systemd, one option (and its value) per continued line."""
-    if not argv:
-        raise FlagError("empty argv")
-    if not str(argv[0]).startswith("/"):
-        raise FlagError("ExecStart needs an absolute path to the binary, got %r" % (argv[0],))
-    lines = [systemd_quote(argv[0])]
-    i = 1
-    while i < len(argv):
-        part = [systemd_quote(argv[i])]
-        if str(argv[i]).startswith("-") and i + 1 < len(argv) and not str(argv[i + 1]).startswith("-"):
-            part.append(systemd_quote(argv[i + 1]))
-            i += 1
-        lines.append(" ".join(part))
-        i += 1
-    return " \\\n    ".join(lines)
-
-
-def _env_assignment(key: str, value: str) -> str:
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-        raise FlagError("environment variable name %r is not valid" % key)
-    text = ("%s=%s" % (key, value)).replace("%", "%%")
-    return '"%s"' % text.replace("\\", "\\\\").replace('"', '\\"')
-
-
-def render_systemd_unit(argv: Sequence[str], header: str = "", description: str = "llama.cpp server",
-                        user: str = "llamafleet", group: str | None = None,
-                        working_directory: str | None = None,
-                        read_write_paths: Sequence[str] = (), read_only_paths: Sequence[str] = (),
-                        environment: Mapping[str, str] | None = None,
-                        after: Sequence[str] = ("network-online.target",),
-                        wants: Sequence[str] = ("network-online.target",),
-                        restart_sec: int = 5, limit_memlock_infinity: bool = False,
-                        exec_start_pre: Sequence[Sequence[str]] = (), comments: Sequence[str] = (),
-                        timeout_start_sec: int | None = None,
-                        private_devices: bool = False, protect_home: str = "yes",
-                        wanted_by: str = "multi-user.target") -> str:
-    """The text of a hardened systemd service unit running ``argv``.
-
-    ``header`` (e.g. the ansible_managed comment) goes first, verbatim, each
-    line made a comment if it is not one. Hardening: NoNewPrivileges,
-    ProtectSystem=strict (write access only to ``read_write_paths``),
-    ProtectHome, PrivateTmp, kernel/cgroup protection, no capabilities, and
-    address families limited to IP and UNIX sockets. ``PrivateDevices`` stays off
-    unless asked: GPU device nodes (``/dev/nvidia*``, ``/dev/kfd``, ``/dev/dri``)
-    must remain visible. ProtectClock and ProtectKernelLogs are left out for the
-    same reason (they install a device allow-list that hides GPUs).
-    ``limit_memlock_infinity`` is for ``--mlock``/``-lm mlock``.
-    ``exec_start_pre`` are argv lists run before the server (e.g. a wait for the
-    workers); ``comments`` are extra comment lines after the header.
-    """
-    lines: list[str] = []
-    for line in header.splitlines():
-        lines.append(line if line.startswith(("#", ";")) or not line.strip() else "# " + line)
-    for comment in comments:
-        lines.append("# " + " ".join(str(comment).split()))
-    lines += ["[Unit]", "Description=%s" % description.replace("\n", " ")]
-    if after:
-        lines.append("After=%s" % " ".join(after))
-    if wants:
-        lines.append("Wants=%s" % " ".join(wants))
-    lines += ["", "[Service]", "Type=simple", "User=%s" % user, "Group=%s" % (group or user)]
-    if working_directory:
-        if "\n" in working_directory or not working_directory.startswith("/"):
-            raise FlagError("working_directory must be an absolute path, got %r" % working_directory)
-        lines.append("WorkingDirectory=%s" % working_directory.replace("%", "%%"))
-    for key in sorted(environment or {}):
-        lines.append("Environment=%s" % _env_assignment(key, str(environment[key])))
-    for pre in exec_start_pre:
-        lines.append("ExecStartPre=%s" % systemd_exec(pre))
-    lines.append("ExecStart=%s" % systemd_exec(argv))
-    if timeout_start_sec is not None:
-        lines.append("TimeoutStartSec=%d" % int(timeout_start_sec))
-    lines += [
-        "Restart=on-failure",
-        "RestartSec=%d" % restart_sec,
-        "",
-        "NoNewPrivileges=yes",
-        "ProtectSystem=strict",
-        "ProtectHome=%s" % protect_home,
-        "PrivateTmp=yes",
-    ]
-    if private_devices:
-        lines.append("PrivateDevices=yes")
-    lines += [
-        "ProtectKernelTunables=yes",
-        "ProtectKernelModules=yes",
-        "ProtectControlGroups=yes",
-        "ProtectHostname=yes",
-        "RestrictSUIDSGID=yes",
-        "RestrictRealtime=yes",
-        "RestrictNamespaces=yes",
-        "LockPersonality=yes",
-        "SystemCallArchitectures=native",
-        "CapabilityBoundingSet=",
-        "AmbientCapabilities=",
-        "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX AF_NETLINK",
-        "UMask=0077",
-    ]
-    for path in read_write_paths:
-        lines.append("ReadWritePaths=%s" % systemd_quote(path))
-    for path in read_only_paths:
-        lines.append("ReadOnlyPaths=%s" % systemd_quote(path))
-    if limit_memlock_infinity:
-        lines.append("LimitMEMLOCK=infinity")
-    lines += ["", "[Install]", "WantedBy=%s" % wanted_by, ""]
-    return "\n".join(lines)

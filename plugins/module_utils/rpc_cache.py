@@ -32,12 +32,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
+from .constants import RPC_HASH_THRESHOLD
 from .fnv import HashError, find_helper, hash_ranges, hash_ranges_python
 from .gguf import GGUFError, ModelPaths, read_model
 
 # ggml-rpc.cpp: a tensor goes through the hash cache when its size is > HASH_THRESHOLD
-# (strictly greater) and it lives in a weights buffer.
-HASH_THRESHOLD = 10 * 1024 * 1024
+# (strictly greater) and it lives in a weights buffer.  The build records its source's own value;
+# this is the fallback.
+HASH_THRESHOLD = RPC_HASH_THRESHOLD
 
 CACHE_DIR_MODE = 0o700
 CACHE_FILE_MODE = 0o600

@@ -36,7 +36,6 @@ from typing import Callable
 
 RPC_CMD_HELLO = 14
 HELLO_CAPS_SIZE = 24
-DEFAULT_PORT = 50052
 # No HELLO answer is anywhere near this; a bigger size means the peer is not an rpc-server.
 _MAX_HELLO_RESPONSE = 4096
 
@@ -163,7 +162,7 @@ def _close(sock: socket.socket, graceful: bool) -> None:
     sock.close()
 
 
-def rpc_hello(host: str, port: int = DEFAULT_PORT, timeout: float = 5.0) -> tuple[int, int, int]:
+def rpc_hello(host: str, port: int, timeout: float = 5.0) -> tuple[int, int, int]:
     """Connect, say HELLO, return the server's RPC protocol version (major, minor, patch), close.
 
     :raises RPCConnectError: refused, unreachable, unresolvable.
@@ -182,7 +181,7 @@ def rpc_hello(host: str, port: int = DEFAULT_PORT, timeout: float = 5.0) -> tupl
                             "rpc-server, or one whose protocol this client does not know" % first.reason) from None
 
 
-def wait_for_hello(host: str, port: int = DEFAULT_PORT, timeout: float = 30.0, interval: float = 1.0,
+def wait_for_hello(host: str, port: int, timeout: float = 30.0, interval: float = 1.0,
                    attempt_timeout: float = 5.0, clock: Callable[[], float] = time.monotonic,
                    sleep: Callable[[float], None] = time.sleep) -> HelloResult:
     """Probe with rpc_hello until the server answers or ``timeout`` seconds have passed.

@@ -23,6 +23,8 @@ description:
 author: llamafleet maintainers (@llamafleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - llamafleet.cluster.attributes
+  - llamafleet.cluster.attributes.read_only
 options:
   backends:
     description:
@@ -71,17 +73,6 @@ options:
     description: Fail the task when a tool fails or prints unreadable output.
     type: bool
     default: false
-attributes:
-  check_mode:
-    support: full
-    details: Read-only; runs the same probes in check mode.
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
-  idempotent:
-    description: A second run with the same parameters gives the same result and changes nothing.
-    support: full
 notes:
   - On Apple silicon the Metal working-set size is estimated from C(hw.memsize) (two thirds up to
     32 GiB, three quarters above, or C(iogpu.wired_limit_mb) when set); O(rpc_server) gives the exact figure.
@@ -164,12 +155,12 @@ import os
 import platform
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_parsers import (
+from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_devices import (
     ParseError,
     apply_overrides,
-    collect_devices,
     unmatched_overrides,
 )
+from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_probe import collect_devices
 
 PROBE_TIMEOUT_S = 60
 

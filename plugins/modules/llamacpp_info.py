@@ -20,6 +20,8 @@ description:
 author: llamafleet maintainers (@llamafleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - llamafleet.cluster.attributes
+  - llamafleet.cluster.attributes.read_only
 options:
   prefix:
     description: The build's install prefix; the binaries are looked for in its C(bin) directory.
@@ -34,17 +36,6 @@ options:
     elements: str
     choices: [llama_server, rpc_server]
     default: []
-attributes:
-  check_mode:
-    support: full
-    details: Read-only; runs the binaries with C(--help)/C(--version) in check mode too.
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
-  idempotent:
-    description: A second run with the same parameters gives the same result and changes nothing.
-    support: full
 """
 
 EXAMPLES = r"""
@@ -116,9 +107,9 @@ commit:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.llamafleet.cluster.plugins.module_utils.constants import RPC_SERVER_BINARIES
 from ansible_collections.llamafleet.cluster.plugins.module_utils.llama_flags import (
     LLAMA_SERVER_BINARIES,
-    RPC_SERVER_BINARIES,
     FlagError,
     detect_features,
     pick_binary,

@@ -20,6 +20,8 @@ description:
 author: llamafleet maintainers (@llamafleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - llamafleet.cluster.attributes
+  - llamafleet.cluster.attributes.files
 options:
   files:
     description: Model files in shard order.
@@ -60,17 +62,6 @@ options:
     description: Network timeout in seconds for each request.
     type: int
     default: 60
-attributes:
-  check_mode:
-    support: full
-    details: Checks the sources and the free space, and reports which files would be fetched.
-  diff_mode:
-    support: full
-  platform:
-    platforms: posix
-  idempotent:
-    description: A second run with the same parameters gives the same result and changes nothing.
-    support: full
 """
 
 EXAMPLES = r"""

@@ -28,6 +28,8 @@ description:
 author: llamafleet maintainers (@llamafleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - llamafleet.cluster.attributes
+  - llamafleet.cluster.attributes.files
 options:
   model:
     description:
@@ -77,18 +79,6 @@ options:
     type: list
     elements: path
     default: []
-attributes:
-  check_mode:
-    support: full
-    details: Hashes the model and the existing cache files to report what would be seeded and pruned.
-  diff_mode:
-    support: full
-    details: The cache file names and sizes before and after.
-  platform:
-    platforms: posix
-  idempotent:
-    description: A second run with the same parameters changes nothing.
-    support: full
 notes:
   - Every run hashes the model's large tensors and every cache file it keeps, so its cost is about
     twice the size of those tensors read from disk.
@@ -166,6 +156,7 @@ hasher:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.llamafleet.cluster.plugins.module_utils.constants import RPC_HASH_THRESHOLD
 from ansible_collections.llamafleet.cluster.plugins.module_utils.fnv import HashError
 from ansible_collections.llamafleet.cluster.plugins.module_utils.gguf import GGUFError
 from ansible_collections.llamafleet.cluster.plugins.module_utils.rpc_cache import CacheError, seed_cache
@@ -205,7 +196,7 @@ def main() -> None:
         argument_spec=dict(
             model=dict(type="list", elements="path", required=True),
             cache_dir=dict(type="path", required=True),
-            threshold=dict(type="int", default=10 * 1024 * 1024),
+            threshold=dict(type="int", default=RPC_HASH_THRESHOLD),
             hasher=dict(type="path"),
             jobs=dict(type="int", default=0),
             owner=dict(type="str"),

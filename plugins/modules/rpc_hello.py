@@ -23,6 +23,8 @@ description:
 author: llamafleet maintainers (@llamafleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - llamafleet.cluster.attributes
+  - llamafleet.cluster.attributes.read_only
 options:
   host:
     description: Address of the rpc-server (numeric IPv4, as rpc-server binds, or a name).
@@ -40,31 +42,23 @@ options:
     description:
       - Fail unless the server speaks this RPC protocol major version (llama.cpp requires the client's and
         the server's majors to be equal; in practice build both from the same llama.cpp revision).
+      - The roles pass the major the build read from its source (C(llamacpp_build_info.rpc_protocol));
+        omitted or V(null), the version is not compared.
     type: int
-attributes:
-  check_mode:
-    support: full
-    details: Read-only; the probe runs in check mode too.
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
-  idempotent:
-    description: A second run with the same parameters gives the same result and changes nothing.
-    support: full
 seealso:
   - module: llamafleet.cluster.rpc_cache_seed
 """
 
 EXAMPLES = r"""
-- name: Wait for the worker's rpc-server, probing from the orchestrator
+- name: Wait for the workers' rpc-server, probing from the orchestrator
   llamafleet.cluster.rpc_hello:
-    host: "{{ hostvars[item].ansible_host }}"
+    host: "{{ hostvars[item].llamafleet_cluster_address }}"
     port: 50052
     timeout: 60
-    expect_major: 7
-  delegate_to: "{{ groups['orchestrator'][0] }}"
-  loop: "{{ groups['workers'] }}"
+    # the RPC protocol major version the llamacpp_build role read from the source it built
+    expect_major: "{{ llamacpp_build_info.rpc_protocol }}"
+  delegate_to: "{{ groups['llamafleet_orchestrator'][0] }}"
+  loop: "{{ groups['llamafleet_workers'] }}"
 """
 
 RETURN = r"""
@@ -107,6 +101,7 @@ elapsed:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.llamafleet.cluster.plugins.module_utils.constants import RPC_SERVER_PORT
 from ansible_collections.llamafleet.cluster.plugins.module_utils.rpc_proto import (
     RPCError,
     format_endpoint,
@@ -142,7 +137,7 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             host=dict(type="str", required=True),
-            port=dict(type="int", default=50052),
+            port=dict(type="int", default=RPC_SERVER_PORT),
             timeout=dict(type="float", default=30.0),
             expect_major=dict(type="int"),
         ),

@@ -13,9 +13,11 @@ version_added: "0.1.0"
 description:
   - Plans where llama-server puts each layer of a model over the RPC workers and the orchestrator's own
     GPUs, in exactly the device order llama.cpp uses (RPC devices in C(--rpc) order first, then local
-    GPUs), proportional to each device's usable memory and never more than a device can hold.
+    GPUs), under a split policy (O(policy)), never more than a device can hold.
   - Emits C(--tensor-split) as integer layer counts, which llama.cpp maps back to exactly the planned
     layer ranges.
+  - A worker whose devices all get no layers is left out of C(--rpc) (llama-server would still connect to it
+    and wait for it at start) and reported in RV(plan.excluded) and the explanation.
   - Renders the llama-server argv from the plan and the build's detected flags
     (M(llamafleet.cluster.llamacpp_info)), and a hardened systemd unit, written to O(unit_path) only
     when its content differs.
@@ -23,13 +25,16 @@ description:
 author: llamafleet maintainers (@llamafleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - llamafleet.cluster.attributes
+  - llamafleet.cluster.attributes.files
 options:
   workers:
     description:
       - rpc-server endpoints in C(--rpc) order, each V({host, address, port, devices}) (other keys are ignored).
       - C(host) is the inventory name (for messages), C(address) the IPv4 address the rpc-server listens on
         (default the host), C(port) its port (default 50052), C(devices) the devices it serves, in order
-        (RV(llamafleet.cluster.gpu_facts#module:rpc_devices)).
+        (RV(llamafleet.cluster.gpu_facts#module:rpc_devices)), C(rtt_ms) the measured round trip to it
+        (optional, overrides O(link_rtt_ms)).
     type: list
     elements: dict
     default: []
@@ -69,15 +74,40 @@ options:
     type: bool
     default: false
   compute_mib:
-    description: Compute-buffer margin per device, MiB.
+    description:
+      - Memory kept free on every device that holds layers for llama.cpp's compute buffer, MiB (a device
+        dict's own C(compute_mib) wins).
+      - Measured compute buffers are tens of MiB for small models and a few hundred MiB for 70B-class
+        models; 512 covers both (the reasoning is at C(DEFAULT_COMPUTE_MIB) in C(module_utils/split_devices.py)).
     type: int
     default: 512
     aliases: [compute_margin_mib]
   tensor_split:
     description:
       - Manual split ratios, one per device in llama.cpp's order. The plan then only checks that they fit.
+      - Only with O(policy=balanced) (the default).
     type: list
     elements: float
+  policy:
+    description:
+      - How the layers are split (the exact rules are in C(module_utils/split_policies.py)).
+      - V(balanced) minimises the sum over devices of bytes squared over capacity (usable memory less the compute
+        margin), the output matrix counted; that is bytes in proportion to capacity, as near as whole layers allow.
+        With round trips known (O(link_rtt_ms) or a worker's C(rtt_ms)) it takes the V(fewest_hops) plan instead
+        when that one's estimated time per token, bytes read over bandwidth plus one round trip per RPC device
+        used, is lower.
+      - V(even) puts the same number of layers on every device (as C(-ts 1,1,...)).
+      - V(fewest_hops) uses the fewest RPC devices that hold the model at this context (the orchestrator's GPUs
+        first, then RPC devices with the most memory), balanced among them.
+      - V(fit) renders no C(-ts) and no C(-ngl) and lets llama.cpp's C(--fit) split at load time.
+    type: str
+    default: balanced
+    choices: [balanced, even, fewest_hops, fit]
+  link_rtt_ms:
+    description:
+      - Measured round trip to every worker that gives no C(rtt_ms) of its own, ms. Unset, the planner knows no
+        round trips and O(policy=balanced) never switches to V(fewest_hops).
+    type: float
   features:
     description:
       - The build's features, RV(llamafleet.cluster.llamacpp_info#module:features) (or its C(llama_server) part).
@@ -120,7 +150,8 @@ options:
         default: false
       log_verbosity:
         description:
-          - C(-lv) level. 3 logs the devices and buffer sizes, 5 also each layer's device (and much more).
+          - C(-lv) level. 4 logs the devices, the offloaded layer count and the buffer sizes; 5 also each layer's
+            device (and llama.cpp's debug messages). llama.cpp's default, 3, logs none of them.
         type: int
       extra_args:
         description: Further arguments, appended as given.
@@ -189,17 +220,6 @@ options:
         type: str
         choices: ["yes", "read-only", "tmpfs"]
         default: "yes"
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-    details: Shows the unit before and after.
-  platform:
-    platforms: posix
-  idempotent:
-    description: A second run with the same parameters gives the same result and changes nothing.
-    support: full
 """
 
 EXAMPLES = r"""
@@ -214,22 +234,30 @@ EXAMPLES = r"""
         devices: "{{ hostvars['lab3'].ansible_facts.llamafleet_rpc_devices }}"
     orchestrator:
       host: "{{ inventory_hostname }}"
-      devices: "{{ ansible_facts.llamafleet_rpc_devices }}"
+      devices: "{{ ansible_facts.llamafleet_devices }}"
     model: [/var/lib/llamafleet/models/gemma-3-270m-q4_k_m.gguf]
     ctx_size: 8192
     n_parallel: 2
     features: "{{ __llamacpp.features }}"
-    binary: /opt/llamafleet/llama.cpp/build/bin/llama-server
+    binary: /opt/llamafleet/llama.cpp/current/bin/llama-server
     server:
       host: 0.0.0.0
       metrics: true
       chat_template: gemma
-    unit_path: /etc/systemd/system/llamafleet-server.service
+    unit_path: /etc/systemd/system/llamafleet-llama-server.service
     unit_header: "{{ ansible_managed | comment }}"
     unit:
-      read_write_paths: [/var/lib/llamafleet]
+      home: /var/lib/llamafleet
   register: __plan
-  notify: Restart llamafleet-server
+  notify: Restart llama-server
+
+- name: Plan only, knowing the links' 5 ms round trip (balanced then uses fewer workers when that is faster)
+  llamafleet.cluster.rpc_plan:
+    workers: "{{ __workers }}"
+    model: [/var/lib/llamafleet/models/gemma-3-270m-q4_k_m.gguf]
+    ctx_size: 8192
+    link_rtt_ms: 5
+  register: __plan_slow
 
 - name: Show the plan
   ansible.builtin.debug:
@@ -243,15 +271,32 @@ plan:
   type: dict
   contains:
     rpc:
-      description: C(--rpc) endpoints, C(address:port), in order.
+      description: C(--rpc) endpoints, C(address:port), in order; only workers that hold layers (V(fit) keeps all).
       type: list
       elements: str
+    policy:
+      description: What made the split, V(balanced), V(even), V(fewest_hops), V(fit) or V(manual) (O(tensor_split)).
+      type: str
+    requested_policy:
+      description: O(policy) as asked; differs from RV(plan.policy) when V(balanced) chose V(fewest_hops).
+      type: str
+    estimate:
+      description:
+        - Estimated time of one decoding step, C(compute_ms), C(hops), C(rtt_ms), C(total_ms); null unless the round
+          trip to every worker used is known.
+      type: dict
+    excluded:
+      description:
+        - Workers left out of C(--rpc) because their devices got no layers, each C(host), C(endpoint), C(devices).
+      type: list
+      elements: dict
     devices:
       description:
         - One entry per model device in llama.cpp's order, with C(name) (V(RPC0), V(CUDA0)), C(buffer_name)
           (as the load log prints it), C(host), C(endpoint) (null for local GPUs), C(layers)
           (C(start), C(end) exclusive, C(count), C(output), C(range)), C(weights_mib), C(kv_mib),
-          C(compute_mib), C(total_mib), C(usable_mib), C(free_mib), C(fill_pct).
+          C(compute_mib), C(total_mib), C(usable_mib), C(free_mib), C(fill_pct); the figures of layers are null
+          for V(fit).
       type: list
       elements: dict
     device_names:
@@ -259,11 +304,11 @@ plan:
       type: list
       elements: str
     tensor_split:
-      description: C(-ts) values, the units per device.
+      description: C(-ts) values, the units per device; null for V(fit).
       type: list
       elements: int
     ngl:
-      description: C(-ngl), layers plus output.
+      description: C(-ngl), layers plus output; null for V(fit).
       type: int
     totals:
       description: Weights, KV, compute, total and usable MiB.
@@ -296,131 +341,19 @@ unit:
   type: str
 """
 
-import os
-import tempfile
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.common.text.converters import to_bytes
-from ansible_collections.llamafleet.cluster.plugins.module_utils.gguf import GGUFError, model_facts
-from ansible_collections.llamafleet.cluster.plugins.module_utils.llama_flags import (
-    FlagError,
-    render_llama_server_argv,
-    render_systemd_unit,
+from ansible_collections.llamafleet.cluster.plugins.module_utils.constants import LLAMA_SERVER_PORT, LLAMA_SERVER_USER
+from ansible_collections.llamafleet.cluster.plugins.module_utils.llama_server_plan import run_rpc_plan
+from ansible_collections.llamafleet.cluster.plugins.module_utils.split_plan import (
+    DEFAULT_COMPUTE_MIB,
+    DEFAULT_POLICY,
+    KV_TYPES,
+    POLICIES,
 )
-from ansible_collections.llamafleet.cluster.plugins.module_utils.split_plan import PlanError, plan_split
-
-UNIT_MODE = 0o644
-
-
-def _server_features(features: dict) -> dict:
-    return features.get("llama_server", features) if isinstance(features, dict) else {}
-
-
-def _write_unit(module: AnsibleModule, path: str, text: str, result: dict) -> None:
-    before = None
-    if os.path.exists(path):
-        with open(path, "rb") as handle:
-            before = handle.read().decode("utf-8", errors="replace")
-    if before != text:
-        result["changed"] = True
-        result["diff"] = {"before": before or "", "after": text,
-                          "before_header": path if before is not None else "%s (absent)" % path,
-                          "after_header": path}
-        if not module.check_mode:
-            directory = os.path.dirname(path) or "."
-            if not os.path.isdir(directory):
-                module.fail_json(msg="unit_path directory %s does not exist" % directory)
-            fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
-            try:
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(to_bytes(text))
-                os.chmod(tmp, UNIT_MODE)
-                module.atomic_move(tmp, path)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-    if not os.path.exists(path):
-        return
-    if module.check_mode:
-        if (os.stat(path).st_mode & 0o7777) != UNIT_MODE:
-            result["changed"] = True
-    else:
-        result["changed"] = module.set_mode_if_different(path, "0644", result["changed"])
-
-
-def run_module(module: AnsibleModule) -> dict:
-    params = module.params
-    if params["model_facts"] is not None:
-        facts = params["model_facts"]
-    else:
-        try:
-            facts = model_facts(params["model"])
-        except (GGUFError, OSError) as exc:
-            module.fail_json(msg="cannot read model %s: %s" % (", ".join(params["model"]), exc))
-    try:
-        plan = plan_split(
-            params["workers"], params["orchestrator"] or None, facts,
-            ctx_size=params["ctx_size"], n_parallel=params["n_parallel"],
-            cache_type_k=params["cache_type_k"], cache_type_v=params["cache_type_v"],
-            compute_mib=params["compute_mib"], tensor_split=params["tensor_split"] or None,
-            kv_unified=params["kv_unified"],
-        )
-    except PlanError as exc:
-        module.fail_json(msg=str(exc))
-    result = {"changed": False, "plan": plan, "explain": plan["explanation"], "argv": [], "unit": ""}
-    for warning in plan["warnings"]:
-        module.warn(warning)
-
-    if not params["binary"]:
-        if params["unit_path"]:
-            module.fail_json(msg="unit_path needs binary (the llama-server path) and features", plan=plan)
-        return result
-    if params["features"] is None:
-        module.fail_json(msg="features is required to render llama-server (register llamacpp_info and pass its "
-                             "features)", plan=plan)
-    if not params["model"]:
-        module.fail_json(msg="model (the GGUF path on this host) is required to render llama-server", plan=plan)
-    server = params["server"]
-    unit_opts = params["unit"]
-    home = unit_opts["home"]
-    read_write = list(unit_opts["read_write_paths"])
-    if home and home not in read_write:
-        read_write.insert(0, home)
-    pre = [[unit_opts["wait_helper"]] + plan["rpc"]] if unit_opts["wait_helper"] and plan["rpc"] else []
-    comments = ["llama.cpp build %s" % unit_opts["build_id"]] if unit_opts["build_id"] else []
-    comments.append("split: --rpc %s -ts %s" % (",".join(plan["rpc"]) or "-", plan["tensor_split_arg"]))
-    environment = dict(unit_opts["environment"])
-    if any(d["local"] and d["backend"] == "cuda" for d in plan["devices"]):
-        environment.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    try:
-        argv = render_llama_server_argv(
-            params["binary"], plan, _server_features(params["features"]), params["model"],
-            host=server["host"], port=server["port"], metrics=server["metrics"],
-            api_key_file=server["api_key_file"] or None, chat_template=server["chat_template"] or None,
-            load_mode=server["load_mode"], pin_devices=server["pin_devices"],
-            log_verbosity=server["log_verbosity"], extra_args=server["extra_args"],
-        )
-        unit = render_systemd_unit(
-            argv, header=params["unit_header"], description=unit_opts["description"],
-            user=unit_opts["user"], group=unit_opts["group"],
-            working_directory=unit_opts["working_directory"] or home,
-            read_write_paths=read_write, read_only_paths=unit_opts["read_only_paths"],
-            environment=environment,
-            limit_memlock_infinity=server["load_mode"] in ("mlock", "mmap+mlock"),
-            protect_home=unit_opts["protect_home"], exec_start_pre=pre, comments=comments,
-            timeout_start_sec=unit_opts["timeout_start_sec"],
-        )
-    except FlagError as exc:
-        module.fail_json(msg=str(exc), plan=plan)
-    result["argv"] = argv
-    result["unit"] = unit
-    if params["unit_path"]:
-        _write_unit(module, params["unit_path"], unit, result)
-    return result
 
 
 def main() -> None:
-    kv_types = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+    kv_types = list(KV_TYPES)
     module = AnsibleModule(
         argument_spec=dict(
             workers=dict(type="list", elements="dict", default=[]),
@@ -432,8 +365,10 @@ def main() -> None:
             cache_type_k=dict(type="str", default="f16", choices=kv_types, aliases=["cache_type"]),
             cache_type_v=dict(type="str", choices=kv_types),
             kv_unified=dict(type="bool", default=False),
-            compute_mib=dict(type="int", default=512, aliases=["compute_margin_mib"]),
+            compute_mib=dict(type="int", default=DEFAULT_COMPUTE_MIB, aliases=["compute_margin_mib"]),
             tensor_split=dict(type="list", elements="float"),
+            policy=dict(type="str", default=DEFAULT_POLICY, choices=list(POLICIES)),
+            link_rtt_ms=dict(type="float"),
             features=dict(type="dict"),
             binary=dict(type="path"),
             server=dict(
@@ -441,7 +376,7 @@ def main() -> None:
                 default={},
                 options=dict(
                     host=dict(type="str", default="127.0.0.1"),
-                    port=dict(type="int", default=8080),
+                    port=dict(type="int", default=LLAMA_SERVER_PORT),
                     metrics=dict(type="bool", default=False),
                     api_key_file=dict(type="path"),
                     chat_template=dict(type="str"),
@@ -459,7 +394,7 @@ def main() -> None:
                 default={},
                 options=dict(
                     description=dict(type="str", default="llamafleet llama-server (llama.cpp RPC orchestrator)"),
-                    user=dict(type="str", default="llamafleet"),
+                    user=dict(type="str", default=LLAMA_SERVER_USER),
                     group=dict(type="str"),
                     working_directory=dict(type="path"),
                     home=dict(type="path"),
@@ -476,10 +411,7 @@ def main() -> None:
         required_one_of=[("model", "model_facts")],
         supports_check_mode=True,
     )
-    result = run_module(module)
-    if not module._diff:
-        result.pop("diff", None)
-    module.exit_json(**result)
+    module.exit_json(**run_rpc_plan(module))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from llamafleet.cluster import Endpoint
+from llamafleet.core import constants
 from tests.helpers import cli
 
 
@@ -13,11 +15,22 @@ def test_status_reports_every_host_active_and_healthy(deployed, fleet):
     assert set(rows) == set(fleet.hosts)
     orch = rows[fleet.orchestrator.name]
     assert orch["role"] == "orchestrator" and orch["state"] == "active" and orch["health"] == "ok"
+    assert orch["endpoint"] == Endpoint.of(fleet).url and orch["unit"] == constants.LLAMA_SERVER_UNIT
+    assert orch["build"], orch
     for worker in fleet.workers:
         row = rows[worker.name]
-        assert row["state"] == "active" and row["unit"] == "llamafleet-rpc-server.service"
-        assert int(row["cache_files"]) >= 1 and int(row["cache_bytes"]) > 10 * 1024 * 1024
+        assert row["state"] == "active" and row["unit"] == constants.RPC_SERVER_UNIT
+        assert [(u["unit"], u["state"], u["sub_state"]) for u in row["units"]] == [
+            (constants.RPC_SERVER_UNIT, "active", "running")]
+        assert int(row["cache_files"]) >= 1 and int(row["cache_bytes"]) > constants.RPC_HASH_THRESHOLD
         assert row["build"] == orch["build"]
+
+
+def test_status_table_has_a_line_per_host(deployed, fleet):
+    lines = cli("status").stdout.splitlines()
+    assert lines[0].split()[:4] == ["host", "role", "address", "state"]
+    assert sorted(line.split()[0] for line in lines[1:]) == sorted(fleet.hosts)
+    assert all(line.split()[3] == "active" for line in lines[1:]), lines
 
 
 def test_logs_show_the_worker_journal(deployed, fleet):

@@ -5,6 +5,11 @@ Modules and module_utils import each other as
 the checkout at .build/collections/ansible_collections/llamafleet/cluster, and
 this conftest does the same when the link is missing, then puts
 .build/collections on sys.path.
+
+The library's tests live in tests/unit/llamafleet/, mirroring the package; pytest puts
+tests/unit on sys.path, where that directory would pass for a namespace package
+``llamafleet``.  The repository root goes on sys.path too, so that ``import llamafleet``
+finds the real (regular) package, which wins over namespace directories wherever they are.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ if not _LINK.exists():
 for _entry in (str(COLLECTIONS), str(Path(__file__).resolve().parent)):
     if _entry not in sys.path:
         sys.path.insert(0, _entry)
+if str(REPO) not in sys.path:
+    sys.path.append(str(REPO))  # last: only the llamafleet package is wanted from there
 
 
 from gguf_testfile import write_gguf  # noqa: E402  (tests/unit is on sys.path, see above)

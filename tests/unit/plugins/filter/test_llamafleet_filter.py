@@ -17,35 +17,48 @@ finally:
     _internal.is_controller = _WAS_CONTROLLER
 
 FILTERS = FilterModule().filters()
+FACTS = {"distribution": "Debian", "distribution_major_version": "12", "architecture": "x86_64",
+         "processor": ["0", "AuthenticAMD", "AMD EPYC"]}
 
 
-@pytest.mark.parametrize("workers, kwargs, expected", [
-    ([{"host": "lab2", "address": "10.77.0.12", "port": 50052}, {"host": "lab3", "port": "50053"}], {},
-     ["10.77.0.12:50052", "lab3:50053"]),
-    (["lab2", {"address": "10.0.0.9"}], {"default_port": 50060}, ["lab2:50060", "10.0.0.9:50060"]),
-    ([], {}, []),
-])
-def test_rpc_endpoints(workers: list, kwargs: dict, expected: list[str]) -> None:
-    assert FILTERS["rpc_endpoints"](workers, **kwargs) == expected
+def test_the_filters() -> None:
+    assert set(FILTERS) == {"elect_orchestrator", "rpc_server_instances", "rpc_server_endpoints",
+                            "llamacpp_build_identity"}
 
 
-@pytest.mark.parametrize("workers, message", [
-    ("lab2", "expects a list"),
-    ([{"port": 1}], r"workers\[0\] needs a host or an address"),
-    ([{"host": "a", "port": "http"}], "port 'http' is not a number"),
-])
-def test_rpc_endpoints_errors(workers: object, message: str) -> None:
-    with pytest.raises(AnsibleFilterError, match=message):
-        FILTERS["rpc_endpoints"](workers)
-
-
-def test_elect_orchestrator_and_gpu_memory() -> None:
+def test_elect_orchestrator() -> None:
     hosts = {"lab1": [{"backend": "cpu", "total_mib": 64000}],
              "lab2": [{"backend": "cuda", "total_mib": 12288}, {"backend": "cuda", "total_mib": 12288}]}
     assert FILTERS["elect_orchestrator"](hosts) == "lab2"
     assert FILTERS["elect_orchestrator"](hosts, "lab1") == "lab1"
-    assert FILTERS["gpu_memory_mib"](hosts["lab2"]) == 24576
     with pytest.raises(AnsibleFilterError, match="elect_orchestrator: no hosts"):
         FILTERS["elect_orchestrator"]([])
-    with pytest.raises(AnsibleFilterError, match="gpu_memory_mib"):
-        FILTERS["gpu_memory_mib"]([{"backend": "cuda", "total_mib": "lots"}])
+
+
+def test_rpc_server_instances_and_endpoints() -> None:
+    instances = FILTERS["rpc_server_instances"](["CUDA0", "CUDA1"], 50060, per_device=True)
+    assert [(i["unit"], i["port"]) for i in instances] == [
+        ("llamafleet-rpc-server-cuda0.service", 50060), ("llamafleet-rpc-server-cuda1.service", 50061)]
+    assert FILTERS["rpc_server_instances"](None, 50052) == [
+        {"unit": "llamafleet-rpc-server.service", "devices": [], "port": 50052}]
+    devices = [{"ggml_name": "CUDA1", "total_mib": 8192}, {"ggml_name": "CUDA0", "total_mib": 4096}]
+    endpoints = FILTERS["rpc_server_endpoints"](instances, devices, "lab2", "10.77.0.12")
+    assert [(e["port"], e["devices"]) for e in endpoints] == [(50060, [devices[1]]), (50061, [devices[0]])]
+
+
+@pytest.mark.parametrize(("name", "args", "message"), [
+    ("rpc_server_instances", ([], 50052, True), "rpc_server_instances: rpc_server_unit_per_device needs"),
+    ("rpc_server_instances", ("CUDA0", 50052), "rpc_server_instances: rpc_server_devices must be a list"),
+    ("rpc_server_endpoints", ([{"devices": []}], [], "h", "a"), "rpc_server_endpoints: 'port'"),
+    ("llamacpp_build_identity", ({"backend": "opencl"}, FACTS, 2), "llamacpp_build_identity: llamacpp_build_backend"),
+])
+def test_errors_are_filter_errors(name: str, args: tuple, message: str) -> None:
+    with pytest.raises(AnsibleFilterError, match=message):
+        FILTERS[name](*args)
+
+
+def test_build_identity() -> None:
+    settings = {"source_type": "git", "git_repo": "https://example.invalid/llama.cpp.git", "git_version": "a" * 40}
+    identity = FILTERS["llamacpp_build_identity"](settings, FACTS, 2)
+    assert identity["id"].startswith("aaaaaaaaaaaa-cpu-") and len(identity["id"]) == len("aaaaaaaaaaaa-cpu-") + 10
+    assert identity["label"] == "a" * 40 and "-DGGML_RPC=ON" in identity["cmake"]

@@ -14,7 +14,6 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.fnv import (
     HashError,
     find_helper,
     fnv1a64,
-    hash_file,
     hash_name,
     hash_ranges,
     hash_ranges_python,
@@ -99,11 +98,6 @@ def test_range_outside_the_file_is_refused_before_hashing(data_file: Path) -> No
         hash_ranges(data_file, [(size, 1)], helper=None)
 
 
-def test_missing_file() -> None:
-    with pytest.raises(HashError, match="/nonexistent/f: No such file"):
-        hash_file("/nonexistent/f")
-
-
 def test_explicit_helper_must_exist(data_file: Path) -> None:
     with pytest.raises(HashError, match="/nonexistent/helper does not exist"):
         hash_ranges(data_file, [(0, 1)], helper="/nonexistent/helper")
@@ -136,14 +130,6 @@ def test_find_helper_order(monkeypatch: pytest.MonkeyPatch, fnv_helper: str, tmp
     monkeypatch.setenv(fnv.HELPER_ENV, "/nonexistent/helper")
     with pytest.raises(HashError):
         find_helper()
-
-
-def test_hash_file(data_file: Path, fnv_helper: str) -> None:
-    expected = hash_name(fnv1a64(data_file.read_bytes()))
-    assert hash_file(data_file, helper=fnv_helper) == expected
-    empty = data_file.parent / "empty"
-    empty.write_bytes(b"")
-    assert hash_file(empty, helper=fnv_helper) == hash_name(fnv.FNV1A64_BASIS)
 
 
 def test_no_ranges(data_file: Path) -> None:

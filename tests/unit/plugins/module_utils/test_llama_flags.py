@@ -1,18 +1,13 @@
-"""llama_flags: flag detection from real --help texts, argv rendering by feature, systemd quoting and units."""
+"""llama_flags: flag detection from real --help texts, argv rendering by feature."""
 
 from __future__ import annotations
 
-import json
-import shlex
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from ansible_collections.llamafleet.cluster.plugins.module_utils.llama_flags import (
     FlagError,
-    binary_from_usage,
     detect_features,
     load_mode_args,
     parse_help_flags,
@@ -20,11 +15,8 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.llama_flags imp
     pick_binary,
     render_llama_server_argv,
     render_rpc_server_argv,
-    render_systemd_unit,
     rpc_server_features,
     server_features,
-    systemd_exec,
-    systemd_quote,
 )
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llamacpp"
@@ -98,9 +90,6 @@ def test_rpc_server_features(text: str, expected: dict) -> None:
 
 
 def test_binary_names() -> None:
-    assert binary_from_usage(RPC_HELP) == "ggml-rpc-server"
-    assert binary_from_usage(OLD_RPC_HELP) == "rpc-server"
-    assert binary_from_usage(SERVER_HELP) is None
     assert pick_binary(["llama-server", "rpc-server", "ggml-rpc-server"]) == "ggml-rpc-server"
     assert pick_binary(["llama-server", "llama-rpc-server"]) == "llama-rpc-server"
     assert pick_binary(["llama-server"]) is None
@@ -215,104 +204,3 @@ def test_llama_server_argv_errors(features: dict, kwargs: dict, message: str) ->
 ])
 def test_load_mode_args(mode: str | None, new: list[str], old: list[str]) -> None:
     assert (load_mode_args(mode, NEW), load_mode_args(mode, OLD)) == (new, old)
-
-
-# --- systemd -----------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("arg, quoted", [
-    ("/opt/llama/bin/llama-server", "/opt/llama/bin/llama-server"),
-    ("10.0.0.1:50052,10.0.0.2:50052", "10.0.0.1:50052,10.0.0.2:50052"),
-    ("my model.gguf", '"my model.gguf"'),
-    ("", '""'),
-    ("100%", '"100%%"'),
-    ("$HOME", '"$$HOME"'),
-    ('say "hi"', '"say \\"hi\\""'),
-    ("a\\b", '"a\\\\b"'),
-    ("line\nbreak", '"line\\nbreak"'),
-    ("it's", '"it\'s"'),
-])
-def test_systemd_quote(arg: str, quoted: str) -> None:
-    assert systemd_quote(arg) == quoted
-
-
-def test_systemd_exec_groups_options_with_values() -> None:
-    assert systemd_exec(["/bin/x", "-m", "/m.gguf", "--metrics", "-ts", "1,2", "positional"]) == (
-        "/bin/x \\\n    -m /m.gguf \\\n    --metrics \\\n    -ts 1,2 \\\n    positional")
-    with pytest.raises(FlagError, match="absolute path"):
-        systemd_exec(["llama-server"])
-
-
-def test_unit_text() -> None:
-    argv = render_llama_server_argv(BIN, PLAN, NEW, MODEL, chat_template="{{ bos }} 50% $X")
-    unit = render_systemd_unit(argv, header="#\n# Ansible managed\n#", description="llamafleet llama-server",
-                               user="llamafleet", read_write_paths=["/var/lib/llamafleet"],
-                               environment={"LLAMA_CACHE": "/var/lib/llamafleet/cache"},
-                               exec_start_pre=[["/usr/local/libexec/llamafleet-rpc-wait"] + PLAN["rpc"]],
-                               comments=["llama.cpp build b1"], limit_memlock_infinity=True, timeout_start_sec=600)
-    lines = unit.splitlines()
-    assert lines[:5] == ["#", "# Ansible managed", "#", "# llama.cpp build b1", "[Unit]"]
-    for directive in ("User=llamafleet", "Group=llamafleet", "Restart=on-failure", "NoNewPrivileges=yes",
-                      "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "ReadWritePaths=/var/lib/llamafleet",
-                      "CapabilityBoundingSet=", "LimitMEMLOCK=infinity", "TimeoutStartSec=600",
-                      'Environment="LLAMA_CACHE=/var/lib/llamafleet/cache"', "WantedBy=multi-user.target"):
-        assert directive in lines, directive
-    # GPU device nodes must stay visible: none of the directives that install a device allow-list
-    for absent in ("PrivateDevices=yes", "ProtectClock=yes", "ProtectKernelLogs=yes", "DevicePolicy=closed"):
-        assert absent not in lines
-    assert '--chat-template "{{ bos }} 50%% $$X"' in unit
-    assert lines.index("ExecStartPre=/usr/local/libexec/llamafleet-rpc-wait \\") < [
-        i for i, line in enumerate(lines) if line.startswith("ExecStart=")][0]
-
-
-def test_unit_rejects_relative_working_directory_and_bad_env() -> None:
-    with pytest.raises(FlagError, match="absolute path"):
-        render_systemd_unit(["/bin/true"], working_directory="var/lib")
-    with pytest.raises(FlagError, match="not valid"):
-        render_systemd_unit(["/bin/true"], environment={"A B": "x"})
-
-
-def _unquote_like_systemd(value: str) -> list[str]:
-    """Split an ExecStart value back into words: continuations, %% and $$, then double quotes with \\ and \"
-    (for arguments without newlines or tabs POSIX shell splitting treats these exactly like systemd)."""
-    joined = value.replace(" \\\n", " ").replace("%%", "%").replace("$$", "$")
-    return shlex.split(joined, posix=True)
-
-
-@pytest.mark.parametrize("argv", [
-    ["/bin/x", "-m", "/models/my model.gguf", "--chat-template", "{% if x %}100%{% endif %}"],
-    ["/bin/x", "--api-key-file", "/etc/k", "--host", "0.0.0.0", "--empty", ""],
-    ["/bin/x", "--chat-template", 'a "quoted" \\path\\ $VAR %% done', "-x"],
-])
-def test_systemd_exec_round_trips(argv: list[str]) -> None:
-    assert _unquote_like_systemd(systemd_exec(argv)) == argv
-
-
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
-def test_systemd_analyze_accepts_the_unit(tmp_path: Path) -> None:
-    argv = render_llama_server_argv("/bin/true", PLAN, NEW, "/models/my model.gguf", chat_template='a "b" 5% $c')
-    unit = tmp_path / "llamafleet-llama-server.service"
-    unit.write_text(render_systemd_unit(argv, header="# managed", user="root",
-                                        exec_start_pre=[["/bin/true", "10.77.0.11:50052"]],
-                                        read_write_paths=[str(tmp_path)]))
-    done = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True,
-                          check=False)
-    problems = [line for line in done.stderr.splitlines()
-                if "llamafleet-llama-server.service" in line and "Special user" not in line]
-    assert done.returncode == 0 and not problems, done.stderr
-
-
-def test_systemd_252_really_passes_the_argv_through() -> None:
-    """The same rendering, recorded as started by a real systemd (see the fixture's "about")."""
-    recorded = json.loads((FIXTURES / "systemd252_unit_argv_roundtrip_real.json").read_text())
-    argv = ["/out/printargs", "-m", "/models/my model.gguf",
-            "--chat-template", "{% if x %}100% \"q\" \\ $HOME ${USER} it's{% endif %}",
-            "--empty", "", "--tab", "a\tb", "--nl", "line1\nline2", "--semi", ";",
-            "--plain", "10.0.0.1:50052,10.0.0.2:50052"]
-    environment = {"LF_A": "x y %h $Z", "LF_B": 'q"uote\\'}
-    unit = render_systemd_unit(argv, header="# test", user="root", read_write_paths=["/out"],
-                               environment=environment,
-                               exec_start_pre=[["/out/pre", "10.0.0.1:50052", "10.0.0.2:50052"]])
-    assert unit == recorded["unit"]  # a change in quoting must be re-verified against systemd
-    assert recorded["exec_start_argv_seen"] == argv[1:]
-    assert recorded["exec_start_pre_argv_seen"] == ["10.0.0.1:50052", "10.0.0.2:50052"]
-    assert recorded["environment_seen"] == environment

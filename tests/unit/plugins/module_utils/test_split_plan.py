@@ -21,14 +21,19 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.log_parse impor
 from ansible_collections.llamafleet.cluster.plugins.module_utils.split_plan import (
     MAX_DEVICES,
     PlanError,
+    assemble_plan,
     assign_layers,
     elect_orchestrator,
+    explain_plan,
     kv_bytes_per_layer,
     kv_cells,
     layers_from_split,
     model_devices,
     plan_split,
+    size_fleet,
+    validate_request,
 )
+from ansible_collections.llamafleet.cluster.plugins.module_utils.split_policies import choose_split
 
 MIB = 2**20
 GIB = 2**30
@@ -237,7 +242,9 @@ def test_cpu_only_lab_workers_capped_by_inventory() -> None:
                        max_mib=500))], {"host": "ctl", "devices": []}, GEMMA, ctx_size=8192, n_parallel=2,
                       compute_mib=64)
     check_invariants(plan, GEMMA)
-    assert plan["tensor_split"] == [13, 5, 1]  # run for real: see the planned-13-5-1 log
+    # The output matrix (170 MiB) fills the last device alone; 12/6 fills the first two to 33.5% and 29.5% of
+    # their capacity (236 and 136 MiB), closer than 13/5 (35.8% and 25.5%), which the earlier planner chose.
+    assert plan["tensor_split"] == [12, 6, 1]
     assert [d["usable_mib"] for d in plan["devices"]] == [300, 200, 500]
 
 
@@ -272,12 +279,16 @@ def test_share_that_would_overflow_is_capped_and_redistributed() -> None:
     assert [d["total_mib"] for d in plan["devices"]] == [900, 2100]
 
 
-def test_last_device_too_small_for_the_output_layer_gets_nothing() -> None:
+def test_last_device_too_small_for_the_output_layer_gets_nothing_and_leaves_rpc() -> None:
     plan = plan_split([worker("w1", cpu(2000)), worker("w2", cpu(150))], None, GEMMA, ctx_size=1024,
                       compute_mib=16)
     check_invariants(plan, GEMMA)
-    assert plan["tensor_split"] == [19, 0]
-    assert "RPC1 (host w2" in plan["warnings"][0] and "gets no layers" in plan["warnings"][0]
+    assert plan["tensor_split"] == [19]
+    assert plan["rpc"] == ["10.0.0.11:50052"] and plan["device_names"] == ["RPC0"]
+    assert plan["excluded"] == [{"host": "w2", "endpoint": "10.0.0.12:50052", "devices": ["RPC1"]}]
+    assert plan["warnings"] == ["worker w2 (10.0.0.12:50052) gets no layers and is left out of --rpc: give it more "
+                                "memory or remove it from the workers"]
+    assert any(line.startswith("not in --rpc: w2 (10.0.0.12:50052)") for line in plan["explanation"])
 
 
 def test_reserve_and_cap_limit_usable_memory() -> None:
@@ -302,7 +313,7 @@ def test_manual_split_zero_for_a_device_that_has_no_memory() -> None:
     facts = model(n_layer=8, layer_mib=100)
     plan = plan_split([worker("w1", gpu("cuda", 0, 24576)), worker("w2", gpu("cuda", 0, 0))], None, facts,
                       ctx_size=1024, tensor_split=[1, 0])
-    assert plan["tensor_split"] == [9, 0]
+    assert (plan["tensor_split"], plan["rpc"], plan["policy"]) == ([9], ["10.0.0.11:50052"], "manual")
 
 
 def test_explanation_names_every_device() -> None:
@@ -442,13 +453,197 @@ def test_bad_model_facts(facts: dict, message: str) -> None:
         plan_split([worker("w1", gpu("cuda", 0, 24576))], None, facts, ctx_size=1024)
 
 
+# --- policies on the lab's shape: 4 equal CPU workers capped at 4096 MiB, gemma-3-270m, ctx 2048 ----------
+
+def lab_workers(n: int = 4, **extra: Any) -> list[dict]:
+    return [worker("w%d" % (i + 1), cpu(24105, max_mib=4096), **extra) for i in range(n)]
+
+
+def lab_plan(**options: Any) -> dict:
+    return plan_split(lab_workers(), {"host": "ctl", "devices": []}, GEMMA, ctx_size=2048, **options)
+
+
+def test_balanced_spreads_layers_over_four_equal_workers() -> None:
+    # The earlier planner placed 14, 4 and 0 layers and the output here: it rounded each device's capacity share
+    # to the nearest unit boundary one device at a time, and the 170 MiB output matrix swallowed the third share.
+    plan = lab_plan()
+    check_invariants(plan, GEMMA)
+    assert (plan["policy"], plan["tensor_split"]) == ("balanced", [6, 6, 6, 1])
+    assert len(plan["rpc"]) == 4 and plan["excluded"] == [] and plan["warnings"] == []
+    # the output matrix alone outweighs six layers: the three layer devices carry the same bytes within a layer
+    layer_devices = [d["total_mib"] for d in plan["devices"][:3]]
+    assert max(layer_devices) - min(layer_devices) < 4
+    assert plan["devices"][3]["weights_mib"] == pytest.approx(GEMMA["output_bytes"] / MIB, abs=0.05)
+
+
+def test_even_policy_on_four_equal_workers() -> None:
+    plan = lab_plan(policy="even")
+    check_invariants(plan, GEMMA)
+    assert (plan["policy"], plan["tensor_split"]) == ("even", [5, 5, 5, 4])
+    assert plan["tensor_split"] == layers_from_split([1, 1, 1, 1], GEMMA["n_layer"])
+
+
+def test_fewest_hops_uses_one_worker_and_leaves_the_others_out_of_rpc() -> None:
+    plan = lab_plan(policy="fewest_hops")
+    check_invariants(plan, GEMMA)
+    assert (plan["tensor_split"], plan["rpc"], plan["device_names"]) == ([19], ["10.0.0.11:50052"], ["RPC0"])
+    assert [e["host"] for e in plan["excluded"]] == ["w2", "w3", "w4"]
+    assert plan["warnings"] == []  # leaving workers out is what fewest_hops is for
+    assert sum(line.startswith("not in --rpc:") for line in plan["explanation"]) == 3
+
+
+def test_fewest_hops_prefers_the_worker_with_most_memory_and_keeps_rpc_order() -> None:
+    facts = model(n_layer=8, layer_mib=200, output_mib=200, kv_width=0)  # 1800 MiB
+    fleet = [worker("w1", cpu(1000)), worker("w2", cpu(1500)), worker("w3", cpu(1200))]
+    plan = plan_split(fleet, None, facts, ctx_size=256, compute_mib=0, policy="fewest_hops")
+    check_invariants(plan, facts)
+    assert plan["rpc"] == ["10.0.0.12:50052", "10.0.0.13:50052"]
+    assert [d["host"] for d in plan["devices"]] == ["w2", "w3"]
+
+
+def test_fewest_hops_with_a_local_gpu_that_holds_the_model_needs_no_rpc() -> None:
+    plan = plan_split(lab_workers(2), {"host": "ctl", "devices": [gpu("cuda", 0, 8192)]}, GEMMA, ctx_size=2048,
+                      policy="fewest_hops")
+    assert (plan["rpc"], plan["device_names"], plan["tensor_split"]) == ([], ["CUDA0"], [19])
+
+
+def test_fit_leaves_the_split_to_llama_cpp() -> None:
+    plan = lab_plan(policy="fit")
+    assert (plan["policy"], plan["tensor_split"], plan["ngl"], plan["tensor_split_arg"]) == ("fit", None, None, "")
+    assert len(plan["rpc"]) == 4 and plan["excluded"] == []
+    assert all(d["layers"] is None and d["total_mib"] is None for d in plan["devices"])
+    assert plan["warnings"] == []
+    small = plan_split([worker("w1", cpu(300))], None, GEMMA, ctx_size=2048, policy="fit")
+    assert small["warnings"] == ["the model at ctx_size 2048 needs 768 MiB with KV and compute margins, the devices "
+                                 "have 300 MiB usable: llama.cpp's fit will keep layers on the orchestrator's CPU"]
+
+
+@pytest.mark.parametrize("rtt, per_worker, policy", [
+    (None, None, "balanced"),
+    (0.0, None, "balanced"),
+    (5.0, None, "fewest_hops"),
+    (None, [1.0, 1.0, 1.0, 1.0], "fewest_hops"),
+    (None, [1.0, None, 1.0, 1.0], "balanced"),   # one link unmeasured: no estimate, no switch
+    (2.0, [None, 0.0, 0.0, 0.0], "balanced"),     # fewest_hops would use w1, as far as all four together
+    (3.0, [0.5], "fewest_hops"),                  # a worker's own rtt_ms wins over link_rtt_ms
+])
+def test_balanced_takes_fewest_hops_when_measured_round_trips_make_it_faster(
+        rtt: float | None, per_worker: list[float | None] | None, policy: str) -> None:
+    fleet = lab_workers()
+    for w, value in zip(fleet, per_worker or []):
+        if value is not None:
+            w["rtt_ms"] = value
+    plan = plan_split(fleet, {"host": "ctl", "devices": []}, GEMMA, ctx_size=2048, link_rtt_ms=rtt)
+    assert (plan["policy"], plan["requested_policy"]) == (policy, "balanced")
+    check_invariants(plan, GEMMA)
+    if policy == "fewest_hops":
+        assert plan["estimate"]["hops"] == 1 and len(plan["rpc"]) == 1
+        own = per_worker[0] if per_worker and per_worker[0] is not None else rtt
+        assert plan["estimate"]["rtt_ms"] == own
+        assert any(line.startswith("balanced -> fewest_hops") for line in plan["explanation"])
+
+
+# --- zero-layer devices --------------------------------------------------------------------------
+
+def test_an_idle_worker_in_the_middle_is_dropped_and_the_rest_renamed() -> None:
+    # w2's capacity (20 - 16 = 4 MiB) is less than one layer with its KV
+    fleet = [worker("w1", cpu(1000)), worker("w2", cpu(20)), worker("w3", cpu(1000), cpu(1000))]
+    plan = plan_split(fleet, None, GEMMA, ctx_size=1024, compute_mib=16)
+    check_invariants(plan, GEMMA)
+    assert plan["rpc"] == ["10.0.0.11:50052", "10.0.0.13:50052"]
+    assert [(d["name"], d["buffer_name"], d["host"]) for d in plan["devices"]] == [
+        ("RPC0", "RPC0[10.0.0.11:50052]", "w1"), ("RPC1", "RPC0[10.0.0.13:50052]", "w3"),
+        ("RPC2", "RPC1[10.0.0.13:50052]", "w3")]
+    assert plan["excluded"] == [{"host": "w2", "endpoint": "10.0.0.12:50052", "devices": ["RPC1"]}]
+    assert len(plan["tensor_split"]) == 3 and 0 not in plan["tensor_split"]
+
+
+def test_a_device_without_layers_on_a_used_endpoint_stays_with_zero() -> None:
+    # rpc-server serves both devices of w2 or none: the tiny one keeps -ts 0 and a warning
+    plan = plan_split([worker("w1", cpu(1000)), worker("w2", cpu(20), cpu(1000))], None, GEMMA, ctx_size=1024,
+                      compute_mib=16)
+    check_invariants(plan, GEMMA)
+    assert plan["rpc"] == ["10.0.0.11:50052", "10.0.0.12:50052"] and plan["excluded"] == []
+    assert plan["tensor_split"][1] == 0
+    assert plan["warnings"] == ["RPC1 (host w2, 10.0.0.12:50052, AMD EPYC) gets no layers; it still takes a backend "
+                                "slot: remove it or give it more memory"]
+
+
+# --- the steps -----------------------------------------------------------------------------------
+
+def test_validate_request() -> None:
+    assert validate_request(GEMMA) == {"n_layer": 18, "ctx": 32768, "policy": "balanced"}
+    assert validate_request(GEMMA, ctx_size=2048, policy="fit", link_rtt_ms=0)["ctx"] == 2048
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"policy": "fastest"}, "policy is 'fastest', expected one of balanced, even, fewest_hops, fit"),
+    ({"link_rtt_ms": -1}, r"link_rtt_ms is -1, expected a round trip in ms \(a number >= 0\)"),
+    ({"link_rtt_ms": float("nan")}, "link_rtt_ms is nan"),
+    ({"link_rtt_ms": True}, "link_rtt_ms is True"),
+    ({"policy": "even", "tensor_split": [1, 1]}, "tensor_split sets the split by hand and policy even"),
+    ({"n_parallel": 0}, "n_parallel is 0"),
+])
+def test_validate_request_errors(kwargs: dict, message: str) -> None:
+    with pytest.raises(PlanError, match=message):
+        validate_request(GEMMA, **kwargs)
+
+
+@pytest.mark.parametrize("value", ["abc", -2, float("inf")])
+def test_a_worker_rtt_that_is_not_a_round_trip(value: Any) -> None:
+    fleet = [dict(worker("w1", cpu(1000)), rtt_ms=value)]
+    with pytest.raises(PlanError, match="worker w1: rtt_ms is .*, expected a round trip in ms"):
+        plan_split(fleet, None, GEMMA, ctx_size=1024)
+
+
+def test_size_fleet() -> None:
+    fleet = [dict(worker("w1", cpu(1000, reserve_mib=100)), rtt_ms="1.5"), worker("w2", cpu(2000, compute_mib=8))]
+    devices, sizing = size_fleet(fleet, {"host": "ctl", "devices": [gpu("cuda", 0, 4096)]}, GEMMA, 1024,
+                                 compute_mib=64, link_rtt_ms=3)
+    assert [(d["name"], d["usable_mib"], d["compute_mib"], d["capacity"] // MIB, d["rtt_ms"]) for d in devices] == [
+        ("RPC0", 900, 64, 836, 1.5), ("RPC1", 2000, 8, 1992, 3.0), ("CUDA0", 4096, 64, 4032, 0.0)]
+    assert sizing["units"] == 19 and len(sizing["costs"]) == 19
+    assert sizing["costs"][-1] == GEMMA["output_bytes"]
+    assert sizing["costs"][0] == GEMMA["layer_bytes"][0] + kv_bytes_per_layer(GEMMA, 1024)[0]
+
+
+def test_assemble_and_explain_a_chosen_split() -> None:
+    fleet = [worker("w1", cpu(1000)), worker("w2", cpu(1000)), worker("w3", cpu(1000))]
+    devices, sizing = size_fleet(fleet, None, GEMMA, 1024, compute_mib=32)
+    choice = {"policy": "manual", "requested": "balanced", "counts": [10, 0, 9], "estimates": {"manual": None},
+              "reason": "by hand"}
+    plan = assemble_plan(fleet, None, devices, sizing, choice, 1024, compute_mib=32)
+    assert plan["tensor_split"] == [10, 9] and plan["device_names"] == ["RPC0", "RPC1"]
+    assert plan["rpc"] == ["10.0.0.11:50052", "10.0.0.13:50052"]
+    assert [d["layers"]["range"] for d in plan["devices"]] == ["0-9", "10-17+output"]
+    assert plan["totals"]["compute_mib"] == 64  # only devices that hold units keep a margin
+    lines, warnings = explain_plan(plan, choice, GEMMA, None, 32)
+    assert lines[2] == "by hand"
+    assert "not in --rpc: w2 (10.0.0.12:50052): its devices get no units, so llama-server neither connects to it " \
+           "nor waits for it at start" in lines
+    assert warnings == ["worker w2 (10.0.0.12:50052) gets no layers and is left out of --rpc: give it more memory "
+                        "or remove it from the workers"]
+
+
+def test_plan_split_is_its_steps() -> None:
+    fleet = lab_workers()
+    request = validate_request(GEMMA, 2048, link_rtt_ms=1.0)
+    devices, sizing = size_fleet(fleet, None, GEMMA, request["ctx"], compute_mib=512, link_rtt_ms=1.0)
+    choice = choose_split(request["policy"], devices, sizing, request["ctx"])
+    plan = assemble_plan(fleet, None, devices, sizing, choice, request["ctx"], compute_mib=512, link_rtt_ms=1.0)
+    whole = plan_split(fleet, None, GEMMA, ctx_size=2048, link_rtt_ms=1.0)
+    assert {k: v for k, v in whole.items() if k not in ("explanation", "warnings")} == plan
+
+
 # --- the plan against what llama.cpp really did ---------------------------------------------------
 
 def test_plan_matches_the_real_load_of_that_plan() -> None:
+    # The split the planner chose when this log was recorded, given by hand (the planner now chooses 12,6,1).
     plan = plan_split([worker("w1", cpu(24105, max_mib=300), address="127.0.0.1", port=50171),
                        worker("w2", cpu(24105, max_mib=200), cpu(24105, max_mib=500), address="127.0.0.1",
                               port=50181)],
-                      {"host": "ctl", "devices": []}, GEMMA, ctx_size=8192, n_parallel=2, compute_mib=64)
+                      {"host": "ctl", "devices": []}, GEMMA, ctx_size=8192, n_parallel=2, compute_mib=64,
+                      tensor_split=[13, 5, 1])
     parsed = parse_load_log((FIXTURES / "llama-server_0c1e570_lv5_gemma270m_planned-13-5-1_real.log").read_text())
     assert compare_with_plan(plan, parsed) == []
     model_buffers = buffers_by_device(parsed, "model")
@@ -479,6 +674,15 @@ def test_compare_with_plan_reports_differences() -> None:
     assert compare_with_plan(plan, parsed) == ["units per device: plan [5, 5, 9], llama.cpp [7, 6, 6]"]
     reordered = dict(plan, devices=list(reversed(plan["devices"])))
     assert compare_with_plan(reordered, parsed)[0].startswith("device order: plan")
+
+
+def test_compare_a_fit_plan_by_its_devices_only() -> None:
+    fleet = [worker("w1", cpu(24105), address="127.0.0.1", port=50171),
+             worker("w2", cpu(24105), cpu(24105), address="127.0.0.1", port=50181)]
+    parsed = parse_load_log((FIXTURES / "llama-server_0c1e570_lv5_gemma270m_3dev_ts1-1-1_real.log").read_text())
+    assert compare_with_plan(plan_split(fleet, None, GEMMA, ctx_size=1024, policy="fit"), parsed) == []
+    two = plan_split(fleet[:1], None, GEMMA, ctx_size=1024, policy="fit")
+    assert compare_with_plan(two, parsed)[0].startswith("device order: plan [('RPC0', '127.0.0.1:50171')]")
 
 
 @pytest.mark.skipif(not REAL_MODEL.exists(), reason="the lab model is not on this machine")

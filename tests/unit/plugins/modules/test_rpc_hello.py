@@ -58,6 +58,12 @@ def test_answers(server: int, capsys: pytest.CaptureFixture[str], check_mode: bo
     assert result["endpoint"] == "127.0.0.1:%d" % server and result["attempts"] == 1
 
 
+def test_no_recorded_major_is_not_compared(server: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """The roles pass the build's recorded protocol, None when the source declared none."""
+    rc, result = run_module({"host": "127.0.0.1", "port": server, "timeout": 5, "expect_major": None}, capsys)
+    assert rc == 0 and result["major"] == 7
+
+
 def test_wrong_major(server: int, capsys: pytest.CaptureFixture[str]) -> None:
     rc, result = run_module({"host": "127.0.0.1", "port": server, "expect_major": 8}, capsys)
     assert rc == 1 and result["failed"]

@@ -129,7 +129,8 @@ def test_rendered_argv_and_unit(tmp_path: Path, capsys: pytest.CaptureFixture[st
     ]
     lines = result["unit"].splitlines()
     assert lines[:4] == ["#", "# Ansible managed: do not edit", "#", "# llama.cpp build b1-cpu"]
-    assert lines[4] == "# split: --rpc 10.77.0.12:50052,10.77.0.13:50052 -ts %s" % plan["tensor_split_arg"]
+    assert lines[4] == "# split: --rpc 10.77.0.12:50052,10.77.0.13:50052 -ts %s (policy balanced)" % (
+        plan["tensor_split_arg"])
     assert "WorkingDirectory=/var/lib/llamafleet" in lines and "ReadWritePaths=/var/lib/llamafleet" in lines
     assert "ExecStartPre=/usr/local/libexec/llamafleet-rpc-wait \\" in lines
 
@@ -195,3 +196,73 @@ def test_local_cuda_gpus_pin_the_cuda_device_order(tmp_path: Path, capsys: pytes
     assert 'Environment="CUDA_DEVICE_ORDER=PCI_BUS_ID"' in result["unit"].splitlines()
     rc, result = run_module(render_args(tmp_path / "u.service"), capsys)
     assert "CUDA_DEVICE_ORDER" not in result["unit"]
+
+
+# --- split policies ------------------------------------------------------------------------------
+
+def test_fewest_hops_waits_only_for_the_workers_it_uses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, result = run_module(render_args(tmp_path / "u.service", policy="fewest_hops"), capsys)
+    assert rc == 0, result
+    plan = result["plan"]
+    assert (plan["rpc"], plan["tensor_split"], plan["policy"]) == (["10.77.0.12:50052"], [19], "fewest_hops")
+    assert plan["excluded"] == [{"host": "lab3", "endpoint": "10.77.0.13:50052", "devices": ["RPC1"]}]
+    argv = result["argv"]
+    assert argv[argv.index("--rpc") + 1] == "10.77.0.12:50052" and "-ts" not in argv  # one device: no -ts
+    lines = result["unit"].splitlines()
+    pre = lines.index("ExecStartPre=/usr/local/libexec/llamafleet-rpc-wait \\")
+    assert lines[pre + 1].strip() == "10.77.0.12:50052" and lines[pre + 2].startswith("ExecStart=")
+
+
+def test_measured_round_trips_let_balanced_use_fewer_workers(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, result = run_module(args(link_rtt_ms=5), capsys)
+    assert rc == 0
+    assert (result["plan"]["policy"], result["plan"]["requested_policy"]) == ("fewest_hops", "balanced")
+    assert result["plan"]["estimate"]["hops"] == 1
+    rc, result = run_module(args(), capsys)
+    assert (result["plan"]["policy"], result["plan"]["estimate"]) == ("balanced", None)
+
+
+def test_fit_renders_no_split(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, result = run_module(render_args(tmp_path / "u.service", policy="fit"), capsys)
+    assert rc == 0, result
+    argv = result["argv"]
+    assert argv[argv.index("--rpc") + 1] == "10.77.0.12:50052,10.77.0.13:50052"
+    assert not {"-ts", "-ngl", "--fit"} & set(argv)
+    assert "# split: --rpc 10.77.0.12:50052,10.77.0.13:50052, policy fit (llama.cpp fits -ngl and -ts at load)" \
+        in result["unit"].splitlines()
+
+
+def test_fit_needs_a_build_with_fit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = detect_features((FIXTURES / "llama-server_no-mmap-era_help_excerpt_reconstructed.txt").read_text())
+    rc, result = run_module(render_args(tmp_path / "u.service", policy="fit", features=old), capsys)
+    assert rc == 1 and "split policy fit needs --fit" in result["msg"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"policy": "fastest"}, "value of policy must be one of: balanced, even, fewest_hops, fit"),
+    ({"link_rtt_ms": -3.0}, "link_rtt_ms is -3.0, expected a round trip in ms"),
+    ({"policy": "even", "tensor_split": [1.0, 1.0]}, "tensor_split sets the split by hand and policy even"),
+])
+def test_policy_errors(extra: dict[str, Any], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, result = run_module(args(**extra), capsys)
+    assert rc == 1 and message in result["msg"], result
+
+
+# --- one compute margin, one policy list: the module, its docs and the llama_server role agree -------------
+
+ROLE = Path(__file__).resolve().parents[4] / "roles" / "llama_server"
+
+
+def test_module_docs_and_role_agree_on_margin_and_policies() -> None:
+    import yaml
+
+    from ansible_collections.llamafleet.cluster.plugins.module_utils.split_plan import DEFAULT_COMPUTE_MIB, POLICIES
+
+    options = yaml.safe_load(rpc_plan.DOCUMENTATION)["options"]
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    specs = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    assert options["compute_mib"]["default"] == DEFAULT_COMPUTE_MIB == defaults["llama_server_compute_margin_mib"]
+    assert options["policy"]["choices"] == list(POLICIES) == specs["llama_server_split_policy"]["choices"]
+    assert options["policy"]["default"] == defaults["llama_server_split_policy"]
+    configure = (ROLE / "tasks" / "configure.yml").read_text()
+    assert "policy: \"{{ llama_server_split_policy }}\"" in configure

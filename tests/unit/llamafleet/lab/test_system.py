@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from llamafleet.lab.artifacts import is_verified, sha256_file
 from llamafleet.lab.machines import Machine, nspawn_argv, parse_machine
 from llamafleet.lab.net import LabHost
 from llamafleet.lab.system import Mount, Process, missing_tools_message, parse_mountinfo
@@ -43,19 +42,6 @@ def test_parse_machine_recognises_only_lab_containers() -> None:
     other_name = Process(300, 1, ("/usr/bin/systemd-nspawn", "-D", "/srv/y", "--machine", "web1", "--network-bridge=lfbr0"))
     not_nspawn = Process(400, 1, ("vim", "-M", "lab1", "--network-bridge=lfbr0"))
     assert [parse_machine(p, {}) for p in (other_bridge, other_name, not_nspawn)] == [None, None, None]
-
-
-def test_verified_artifact_stamp(tmp_path: Path) -> None:
-    blob = tmp_path / "model.gguf"
-    blob.write_bytes(b"GGUF" + bytes(1000))
-    digest = sha256_file(blob)
-    assert not is_verified(blob, "0" * 64)
-    assert is_verified(blob, digest)
-    assert (tmp_path / ".model.gguf.verified").is_file()
-    assert is_verified(blob, digest)  # from the stamp
-    blob.write_bytes(b"GGUF" + bytes(999))  # size changes: hashed again, and now wrong
-    assert not is_verified(blob, digest)
-    assert not is_verified(tmp_path / "missing", digest)
 
 
 def test_missing_tools_name_the_debian_packages(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -1,0 +1,113 @@
+"""Where a deployment put things on a host: units, ports, users and paths.
+
+Each value comes from the host's inventory variables where the roles let users
+change it (``rpc_server_home``, ``llamacpp_build_root``, ``llama_server_port``,
+``rpc_server_unit_per_device``, ...) and from ``llamafleet.core.constants`` (the
+roles' defaults and the fixed names) otherwise.  Pure: no SSH.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .core import constants, rpc_workers
+from .errors import UserError
+from .fleet import Fleet, Host
+
+TRUE_WORDS = frozenset({"1", "true", "yes", "on", "y", "t"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off", "n", "f", ""})
+
+
+def as_bool(value: object, host: str = "", name: str = "") -> bool:
+    """An inventory value as Ansible's ``bool`` filter reads it (INI inventories give strings)."""
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise UserError(f"{host}: {name}={value!r} is not a boolean (true or false)")
+
+
+@dataclass(frozen=True)
+class RpcInstance:
+    """One rpc-server unit on a worker and the port it listens on."""
+
+    unit: str
+    port: int
+    devices: tuple[str, ...] = ()
+
+
+def rpc_instances(host: Host) -> list[RpcInstance]:
+    """The rpc-server units of a worker, as the rpc_server role plans them (``rpc_workers``)."""
+    port = host.var("rpc_server_port", constants.RPC_SERVER_PORT)
+    try:
+        planned = rpc_workers.rpc_server_instances(
+            host.var("rpc_server_devices", []),
+            int(port) if str(port).isdigit() else port,
+            as_bool(host.var("rpc_server_unit_per_device", False), host.name, "rpc_server_unit_per_device"),
+        )
+    except rpc_workers.WorkerError as exc:
+        raise UserError(f"{host.name}: {exc}") from exc
+    return [RpcInstance(i["unit"], i["port"], tuple(i["devices"])) for i in planned]
+
+
+def rpc_endpoints(host: Host) -> list[str]:
+    """``address:port`` of each rpc-server of a worker."""
+    address = host.var("rpc_server_bind_address", host.cluster_address)
+    return [f"{address}:{inst.port}" for inst in rpc_instances(host)]
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    """What the roles installed on one host, as far as the CLI needs to know."""
+
+    host: str
+    orchestrator: bool
+    worker: bool
+    build_root: str
+    llama_unit: str | None
+    rpc_units: tuple[str, ...]
+    rpc_cache_dir: str | None
+
+    @property
+    def role(self) -> str:
+        """``orchestrator``, ``worker``, both joined by ``+``, or ``-`` for a host with neither role."""
+        roles = [name for name, on in (("orchestrator", self.orchestrator), ("worker", self.worker)) if on]
+        return "+".join(roles) or "-"
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        """Every llamafleet service unit of the host, llama-server first."""
+        return ((self.llama_unit,) if self.llama_unit else ()) + self.rpc_units
+
+    @property
+    def build_link(self) -> str:
+        """The symlink to the build in use."""
+        return f"{self.build_root.rstrip('/')}/current"
+
+
+def host_layout(fleet: Fleet, host: Host) -> HostLayout:
+    """The layout of ``host`` from its groups and inventory variables."""
+    orchestrator = fleet.is_orchestrator(host)
+    worker = fleet.is_worker(host)
+    home = str(host.var("rpc_server_home", constants.RPC_SERVER_HOME))
+    return HostLayout(
+        host=host.name,
+        orchestrator=orchestrator,
+        worker=worker,
+        build_root=str(host.var("llamacpp_build_root", constants.LLAMACPP_ROOT)),
+        llama_unit=constants.LLAMA_SERVER_UNIT if orchestrator else None,
+        rpc_units=tuple(inst.unit for inst in rpc_instances(host)) if worker else (),
+        rpc_cache_dir=constants.rpc_cache_dir(home) if worker else None,
+    )
+
+
+def service_user(host: Host, server: str) -> tuple[str, str]:
+    """(user, home) of ``server`` (``llama_server`` or ``rpc_server``) on ``host``."""
+    defaults = {
+        "llama_server": (constants.LLAMA_SERVER_USER, constants.LLAMA_SERVER_HOME),
+        "rpc_server": (constants.RPC_SERVER_USER, constants.RPC_SERVER_HOME),
+    }[server]
+    return str(host.var(f"{server}_user", defaults[0])), str(host.var(f"{server}_home", defaults[1]))

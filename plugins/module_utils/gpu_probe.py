@@ -1,0 +1,193 @@
+# -*- coding: utf-8 -*-
+# Copyright: llamafleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Probing a host's devices: which tools to run, in which order, and what to make of their results.
+
+The commands are run by the caller's ``run`` (the ``gpu_facts`` module passes
+one that runs them on the host, tests pass recordings); their outputs are read
+by ``gpu_parsers`` and the devices chosen by ``gpu_devices``.
+
+Stdlib only: shared by the Ansible modules (module_utils) and the
+``llamafleet`` library (``llamafleet.core.gpu_probe``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+from .gpu_devices import (
+    GGML_PREFIX,
+    ParseError,
+    ggml_device_name,
+    preferred_backend,
+    rpc_exposed_devices,
+    select_backend_devices,
+)
+from .gpu_parsers import (
+    NVIDIA_SMI_QUERY,
+    merge_vulkan,
+    parse_amd_smi_json,
+    parse_cpuinfo_model,
+    parse_darwin_memsize,
+    parse_ggml_device_lines,
+    parse_meminfo,
+    parse_metal,
+    parse_nvidia_smi_csv,
+    parse_rocm_smi_json,
+    parse_vulkaninfo_heaps,
+    parse_vulkaninfo_summary,
+)
+
+PROBE_BACKENDS = ("cuda", "rocm", "vulkan", "metal", "cpu")
+RPC_PROBE_DEVICE = "__llamafleet_probe__"
+
+# (typing.List/Tuple/Optional: these aliases are evaluated at import, also on older target Pythons)
+Runner = Callable[[List[str]], Tuple[int, str, str]]   # argv -> (rc, stdout, stderr)
+Which = Callable[[str], Optional[str]]                 # tool name -> path, or None when missing
+ReadText = Callable[[str], Optional[str]]              # file path -> text, or None when unreadable
+
+
+class _Probe:
+    """Collects devices, per-tool status and problems while probing one host."""
+
+    def __init__(self, run: Runner, which: Which, read_text: ReadText) -> None:
+        self.run = run
+        self.which = which
+        self.read_text = read_text
+        self.devices: list[dict[str, Any]] = []
+        self.tools: dict[str, str] = {}
+        self.warnings: list[str] = []
+        self.errors: list[str] = []
+
+    def tool(self, name: str, args: Sequence[str], optional: bool = False) -> str | None:
+        """Run a tool; None when it is missing (not an error) or failed (recorded)."""
+        path = self.which(name)
+        if not path:
+            self.tools.setdefault(name, "missing")
+            return None
+        rc, out, err = self.run([path] + list(args))
+        if rc != 0:
+            detail = (err or out or "").strip().splitlines()
+            message = "%s %s failed (rc=%s): %s" % (name, " ".join(args), rc, detail[-1] if detail else "no output")
+            if optional:
+                self.warnings.append(message)
+            else:
+                self.tools[name] = "failed"
+                self.errors.append(message)
+            return None
+        self.tools[name] = "ok"
+        return out
+
+    def parse(self, name: str, parser: Callable[..., list[dict[str, Any]]], *texts: Any) -> list[dict[str, Any]]:
+        try:
+            return parser(*texts)
+        except ParseError as exc:
+            self.tools[name] = "unparsed"
+            self.errors.append("%s: %s" % (name, exc))
+            return []
+
+
+def collect_devices(run: Runner, which: Which, read_text: ReadText, system: str = "Linux",
+                    backends: Sequence[str] | None = None, rpc_server: str | None = None) -> dict[str, Any]:
+    """Probe a host's devices with whatever tools it has.
+
+    ``run(argv) -> (rc, stdout, stderr)`` runs a command, ``which(name)``
+    returns a tool's path or None, ``read_text(path)`` a file's text or None;
+    the Ansible module passes real ones, tests pass recordings. ``backends``
+    limits the probes (default: all that make sense on ``system``). A missing
+    tool is normal (no such GPU); a tool that fails or prints something
+    unreadable is an error in ``errors``.
+
+    With ``rpc_server`` (path to the built rpc-server), it is started with a
+    device name that does not exist, which makes it list llama.cpp's own view
+    of the devices and exit without binding a port; ``rpc_devices`` then
+    follows exactly the devices that rpc-server serves (CPU figures from
+    /proc/meminfo, which unlike llama.cpp's reports MemAvailable).
+
+    Returns ``{"devices", "rpc_devices", "backend", "tools", "warnings", "errors"}``.
+    """
+    default = ("metal", "cpu") if system == "Darwin" else ("cuda", "rocm", "vulkan", "cpu")
+    wanted = list(default if not backends or list(backends) == ["auto"] else backends)
+    unknown = [b for b in wanted if b not in PROBE_BACKENDS]
+    if unknown:
+        raise ParseError("unknown backends %s; choose from auto, %s" % (", ".join(unknown), ", ".join(PROBE_BACKENDS)))
+    probe = _Probe(run, which, read_text)
+
+    if "cuda" in wanted:
+        out = probe.tool("nvidia-smi", ["--query-gpu=" + NVIDIA_SMI_QUERY, "--format=csv,noheader,nounits"])
+        if out is not None:
+            probe.devices += probe.parse("nvidia-smi", parse_nvidia_smi_csv, out)
+    if "rocm" in wanted:
+        static = probe.tool("amd-smi", ["static", "--json"])
+        if static is not None:
+            metric = probe.tool("amd-smi", ["metric", "--json"], optional=True)
+            probe.devices += probe.parse("amd-smi", parse_amd_smi_json, static, metric)
+        elif probe.tools.get("amd-smi") == "missing":
+            out = probe.tool("rocm-smi", ["--showmeminfo", "vram", "--showproductname", "--json"])
+            if out is not None:
+                probe.devices += probe.parse("rocm-smi", parse_rocm_smi_json, out)
+    if "vulkan" in wanted:
+        summary = probe.tool("vulkaninfo", ["--summary"])
+        if summary is not None:
+            found = probe.parse("vulkaninfo", parse_vulkaninfo_summary, summary)
+            if found:
+                full = probe.tool("vulkaninfo", [], optional=True)
+                if full is not None:
+                    found = merge_vulkan(found, parse_vulkaninfo_heaps(full))
+            probe.devices += found
+    if "metal" in wanted and system == "Darwin":
+        memsize = probe.tool("sysctl", ["-n", "hw.memsize"])
+        if memsize is not None:
+            wired = probe.tool("sysctl", ["-n", "iogpu.wired_limit_mb"], optional=True)
+            chip = probe.tool("sysctl", ["-n", "machdep.cpu.brand_string"], optional=True)
+            probe.devices += probe.parse("sysctl", parse_metal, memsize, wired, chip)
+    if "cpu" in wanted:
+        probe.devices += _cpu_device(probe, system)
+
+    for dev in probe.devices:
+        if "ggml_name" not in dev and dev["backend"] in GGML_PREFIX:
+            dev["ggml_name"] = ggml_device_name(dev["backend"], dev["index"])
+    backend = preferred_backend(probe.devices)
+    rpc_devices = select_backend_devices(probe.devices, backend)
+    if rpc_server:
+        listed = _rpc_listing(probe, rpc_server)
+        if listed:
+            rpc_devices = rpc_exposed_devices(listed)
+            cpu = [d for d in probe.devices if d["backend"] == "cpu"]
+            for dev in rpc_devices:
+                if dev["backend"] == "cpu" and cpu:
+                    dev["free_mib"] = cpu[0]["free_mib"]
+                    dev["source"] = "rpc-server + /proc/meminfo" if system != "Darwin" else dev["source"]
+            backend = preferred_backend(rpc_devices)
+    return {"devices": probe.devices, "rpc_devices": rpc_devices, "backend": backend, "tools": probe.tools,
+            "warnings": probe.warnings, "errors": probe.errors}
+
+
+def _cpu_device(probe: _Probe, system: str) -> list[dict[str, Any]]:
+    if system == "Darwin":
+        out = probe.tool("sysctl", ["-n", "hw.memsize"])
+        return [] if out is None else probe.parse("sysctl", parse_darwin_memsize, out)
+    meminfo = probe.read_text("/proc/meminfo")
+    if meminfo is None:
+        probe.errors.append("/proc/meminfo is not readable")
+        return []
+    cpuinfo = probe.read_text("/proc/cpuinfo") or ""
+    try:
+        return [parse_meminfo(meminfo, name=parse_cpuinfo_model(cpuinfo) or "CPU")]
+    except ParseError as exc:
+        probe.errors.append("/proc/meminfo: %s" % exc)
+        return []
+
+
+def _rpc_listing(probe: _Probe, rpc_server: str) -> list[dict[str, Any]]:
+    """llama.cpp's device list as an rpc-server binary sees it (``-d <unknown>`` prints it and exits 1)."""
+    rc, out, err = probe.run([rpc_server, "-d", RPC_PROBE_DEVICE])
+    listed = parse_ggml_device_lines(out + "\n" + err, source="rpc-server")
+    if not listed:
+        detail = (err or out or "").strip().splitlines()
+        probe.tools["rpc-server"] = "failed"
+        probe.errors.append("%s -d %s listed no devices (rc=%s): %s"
+                            % (rpc_server, RPC_PROBE_DEVICE, rc, detail[-1] if detail else "no output"))
+        return []
+    probe.tools["rpc-server"] = "ok"
+    return listed

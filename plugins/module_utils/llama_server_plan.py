@@ -1,0 +1,152 @@
+# -*- coding: utf-8 -*-
+# Copyright: llamafleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The work of the ``rpc_plan`` module: plan the split, render llama-server's argv and unit, write the unit.
+
+The module's ``main()`` only builds the AnsibleModule and hands it to
+:func:`run_rpc_plan`, which returns the result to exit with (as the
+community.crypto modules hand off to their module_utils). This file uses the
+AnsibleModule it is given (fail_json, warn, check mode, atomic_move) and is not
+part of the library's ``llamafleet.core`` API.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+from .gguf import GGUFError, model_facts
+from .llama_flags import FlagError, render_llama_server_argv
+from .split_plan import PlanError, plan_split
+from .systemd_unit import render_systemd_unit
+
+UNIT_MODE = 0o644
+
+
+def server_features(features: Any) -> dict:
+    """llama-server's part of ``llamacpp_info``'s features (or the features as given)."""
+    return features.get("llama_server", features) if isinstance(features, dict) else {}
+
+
+def write_unit(module: Any, path: str, text: str, result: dict) -> None:
+    """Write ``text`` to ``path`` (mode 0644) when it differs, atomically; record ``changed`` and ``diff``."""
+    before = None
+    if os.path.exists(path):
+        with open(path, "rb") as handle:
+            before = handle.read().decode("utf-8", errors="replace")
+    if before != text:
+        result["changed"] = True
+        result["diff"] = {"before": before or "", "after": text,
+                          "before_header": path if before is not None else "%s (absent)" % path,
+                          "after_header": path}
+        if not module.check_mode:
+            directory = os.path.dirname(path) or "."
+            if not os.path.isdir(directory):
+                module.fail_json(msg="unit_path directory %s does not exist" % directory)
+            fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(text.encode("utf-8"))
+                os.chmod(tmp, UNIT_MODE)
+                module.atomic_move(tmp, path)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+    if not os.path.exists(path):
+        return
+    if module.check_mode:
+        if (os.stat(path).st_mode & 0o7777) != UNIT_MODE:
+            result["changed"] = True
+    else:
+        result["changed"] = module.set_mode_if_different(path, "0644", result["changed"])
+
+
+def _plan(module: Any) -> dict:
+    params = module.params
+    if params["model_facts"] is not None:
+        facts = params["model_facts"]
+    else:
+        try:
+            facts = model_facts(params["model"])
+        except (GGUFError, OSError) as exc:
+            module.fail_json(msg="cannot read model %s: %s" % (", ".join(params["model"]), exc))
+    try:
+        return plan_split(
+            params["workers"], params["orchestrator"] or None, facts,
+            ctx_size=params["ctx_size"], n_parallel=params["n_parallel"],
+            cache_type_k=params["cache_type_k"], cache_type_v=params["cache_type_v"],
+            compute_mib=params["compute_mib"], tensor_split=params["tensor_split"] or None,
+            kv_unified=params["kv_unified"], policy=params["policy"], link_rtt_ms=params["link_rtt_ms"],
+        )
+    except PlanError as exc:
+        module.fail_json(msg=str(exc))
+    raise AssertionError("fail_json returned")  # pragma: no cover
+
+
+def _split_comment(plan: dict) -> str:
+    rpc = ",".join(plan["rpc"]) or "-"
+    if plan["tensor_split"] is None:
+        return "split: --rpc %s, policy fit (llama.cpp fits -ngl and -ts at load)" % rpc
+    return "split: --rpc %s -ts %s (policy %s)" % (rpc, plan["tensor_split_arg"], plan["policy"])
+
+
+def _render(module: Any, plan: dict) -> tuple[list[str], str]:
+    params = module.params
+    server = params["server"]
+    unit_opts = params["unit"]
+    home = unit_opts["home"]
+    read_write = list(unit_opts["read_write_paths"])
+    if home and home not in read_write:
+        read_write.insert(0, home)
+    pre = [[unit_opts["wait_helper"]] + plan["rpc"]] if unit_opts["wait_helper"] and plan["rpc"] else []
+    comments = ["llama.cpp build %s" % unit_opts["build_id"]] if unit_opts["build_id"] else []
+    comments.append(_split_comment(plan))
+    environment = dict(unit_opts["environment"])
+    if any(d["local"] and d["backend"] == "cuda" for d in plan["devices"]):
+        environment.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    try:
+        argv = render_llama_server_argv(
+            params["binary"], plan, server_features(params["features"]), params["model"],
+            host=server["host"], port=server["port"], metrics=server["metrics"],
+            api_key_file=server["api_key_file"] or None, chat_template=server["chat_template"] or None,
+            load_mode=server["load_mode"], pin_devices=server["pin_devices"],
+            log_verbosity=server["log_verbosity"], extra_args=server["extra_args"],
+        )
+        unit = render_systemd_unit(
+            argv, header=params["unit_header"], description=unit_opts["description"],
+            user=unit_opts["user"], group=unit_opts["group"],
+            working_directory=unit_opts["working_directory"] or home,
+            read_write_paths=read_write, read_only_paths=unit_opts["read_only_paths"],
+            environment=environment,
+            limit_memlock_infinity=server["load_mode"] in ("mlock", "mmap+mlock"),
+            protect_home=unit_opts["protect_home"], exec_start_pre=pre, comments=comments,
+            timeout_start_sec=unit_opts["timeout_start_sec"],
+        )
+    except FlagError as exc:
+        module.fail_json(msg=str(exc), plan=plan)
+    return argv, unit
+
+
+def run_rpc_plan(module: Any) -> dict:
+    """Plan, render and write as the module's parameters ask; the result to exit with (fails through ``module``)."""
+    params = module.params
+    plan = _plan(module)
+    result = {"changed": False, "plan": plan, "explain": plan["explanation"], "argv": [], "unit": ""}
+    for warning in plan["warnings"]:
+        module.warn(warning)
+    if not params["binary"]:
+        if params["unit_path"]:
+            module.fail_json(msg="unit_path needs binary (the llama-server path) and features", plan=plan)
+        return result
+    if params["features"] is None:
+        module.fail_json(msg="features is required to render llama-server (register llamacpp_info and pass its "
+                             "features)", plan=plan)
+    if not params["model"]:
+        module.fail_json(msg="model (the GGUF path on this host) is required to render llama-server", plan=plan)
+    result["argv"], result["unit"] = _render(module, plan)
+    if params["unit_path"]:
+        write_unit(module, params["unit_path"], result["unit"], result)
+    if not module._diff:
+        result.pop("diff", None)
+    return result

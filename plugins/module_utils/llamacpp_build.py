@@ -1,0 +1,163 @@
+# -*- coding: utf-8 -*-
+# Copyright: llamafleet maintainers
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The identity of a llama.cpp build and the CMake arguments that make it.
+
+Hosts whose settings and platform give the same build id share one compile: the
+id names the artifact in the controller's cache (``<id>.tar.gz``) and the
+versioned install directory (``<root>/<id>``).  It is
+
+    <label[:12]>-<backend>-<sha256(json(key material))[:10]>
+
+where the label is the llama.cpp version (``llamacpp_build_version``, else the
+git commit, else ``archive-<sha256>``) and the key material is everything that
+changes what the artifact contains.  The key material is serialised exactly as
+Ansible's ``to_json`` filter did when the id was computed in Jinja (``json.dumps``
+with its default separators, keys in the order below), so ids, and with them
+the artifact caches, stay valid.  Never reorder or rename the keys: that would
+rebuild every fleet.  ``llamacpp_build``'s ``_llamacpp_build_recipe`` is part of
+the key: bump it when the build script changes what an artifact contains.
+
+Stdlib only (``llamafleet.core.llamacpp_build`` in the library).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Mapping
+
+from .constants import LLAMACPP_BACKENDS
+
+# GGML_RPC is always on; the rest keeps the artifact small and static.
+BASE_CMAKE = (
+    "-DGGML_RPC=ON",
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+)
+
+# The switch that turns each backend on.
+BACKEND_CMAKE = {
+    "cpu": (),
+    "cuda": ("-DGGML_CUDA=ON",),
+    "vulkan": ("-DGGML_VULKAN=ON",),
+    "metal": ("-DGGML_METAL=ON",),
+    "rocm": ("-DGGML_HIP=ON",),
+}
+
+CCACHE_CMAKE = ("-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache")
+
+# The role variables (without the llamacpp_build_ prefix) a build identity reads, and their defaults.
+SETTINGS = {
+    "backend": "cpu",
+    "source_type": "git",
+    "git_repo": "",
+    "git_version": "",
+    "archive_sha256": "",
+    "archive_subdir": "",
+    "version": "",
+    "cmake_args": (),
+    "native": True,
+    "cuda_architectures": "",
+    "rocm_targets": "",
+    "ccache": True,
+}
+
+
+class BuildSettingsError(ValueError):
+    """Settings that cannot make a build; the message names the variable."""
+
+
+def _settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise BuildSettingsError("unknown build settings: %s (known: %s)" % (", ".join(unknown), ", ".join(SETTINGS)))
+    merged = dict(SETTINGS, **settings)
+    if merged["backend"] not in BACKEND_CMAKE:
+        raise BuildSettingsError("llamacpp_build_backend=%r is not one of %s"
+                                 % (merged["backend"], ", ".join(LLAMACPP_BACKENDS)))
+    if merged["source_type"] not in ("git", "archive"):
+        raise BuildSettingsError("llamacpp_build_source_type=%r is not git or archive" % (merged["source_type"],))
+    if isinstance(merged["cmake_args"], (str, bytes)) or not all(isinstance(a, str) for a in merged["cmake_args"]):
+        raise BuildSettingsError("llamacpp_build_cmake_args must be a list of strings, got %r" % (merged["cmake_args"],))
+    for name in ("native", "ccache"):
+        if not isinstance(merged[name], bool):
+            raise BuildSettingsError("llamacpp_build_%s must be a boolean, got %r" % (name, merged[name]))
+    return merged
+
+
+def version_label(settings: Mapping[str, Any]) -> str:
+    """What the build calls its llama.cpp version: the given version, else the commit, else the archive."""
+    s = _settings(settings)
+    if s["version"]:
+        label = str(s["version"])
+    elif s["source_type"] == "git":
+        label = str(s["git_version"])
+    else:
+        label = "archive-%s" % s["archive_sha256"]
+    return label.strip()
+
+
+def source_id(settings: Mapping[str, Any]) -> str:
+    """The source, as the key material names it: ``repo@commit`` or ``<archive sha256>/<subdir>``."""
+    s = _settings(settings)
+    if s["source_type"] == "git":
+        return "%s@%s" % (s["git_repo"], s["git_version"])
+    return "%s/%s" % (s["archive_sha256"], s["archive_subdir"])
+
+
+def cpu_model(facts: Mapping[str, Any]) -> str:
+    """The CPU model from Ansible's facts (the last entry of ``processor``), or ``""``."""
+    processor = facts.get("processor") or []
+    return processor[-1] if processor else ""
+
+
+def key_material(settings: Mapping[str, Any], facts: Mapping[str, Any], recipe: int) -> dict[str, Any]:
+    """Everything that changes the artifact, in the order the id hashes it.
+
+    ``facts`` are the host's Ansible facts (``distribution``, ``distribution_major_version``,
+    ``architecture``, ``processor``); the CPU model counts only for ``-march=native`` builds.
+    """
+    s = _settings(settings)
+    missing = [name for name in ("distribution", "distribution_major_version", "architecture") if not facts.get(name)]
+    if missing:
+        raise BuildSettingsError("the build identity needs the host's facts %s: gather facts first" % ", ".join(missing))
+    native = s["native"]
+    return {
+        "recipe": recipe,
+        "source": source_id(s),
+        "backend": s["backend"],
+        "cmake": list(BASE_CMAKE) + list(BACKEND_CMAKE[s["backend"]]) + list(s["cmake_args"]),
+        "native": native,
+        "cpu": cpu_model(facts) if native else "",
+        "cuda_arch": s["cuda_architectures"],
+        "rocm_targets": s["rocm_targets"],
+        "os": "%s-%s" % (facts["distribution"], facts["distribution_major_version"]),
+        "arch": facts["architecture"],
+    }
+
+
+def cmake_args(settings: Mapping[str, Any]) -> list[str]:
+    """The CMake arguments of the build: base, backend, native, GPU targets, ccache, then the user's own."""
+    s = _settings(settings)
+    args = list(BASE_CMAKE) + list(BACKEND_CMAKE[s["backend"]])
+    args.append("-DGGML_NATIVE=ON" if s["native"] else "-DGGML_NATIVE=OFF")
+    if s["backend"] == "cuda" and s["cuda_architectures"]:
+        args.append("-DCMAKE_CUDA_ARCHITECTURES=%s" % s["cuda_architectures"])
+    if s["backend"] == "rocm" and s["rocm_targets"]:
+        args.append("-DAMDGPU_TARGETS=%s" % s["rocm_targets"])
+    if s["ccache"]:
+        args.extend(CCACHE_CMAKE)
+    return args + list(s["cmake_args"])
+
+
+def build_identity(settings: Mapping[str, Any], facts: Mapping[str, Any], recipe: int) -> dict[str, Any]:
+    """``{id, label, cmake}``: the build id, the llama.cpp version label and the CMake arguments."""
+    label = version_label(settings)
+    material = json.dumps(key_material(settings, facts, recipe))
+    digest = hashlib.sha256(material.encode("utf-8")).hexdigest()
+    backend = _settings(settings)["backend"]
+    return {"id": "%s-%s-%s" % (label[:12], backend, digest[:10]), "label": label, "cmake": cmake_args(settings)}

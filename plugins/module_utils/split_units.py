@@ -1,0 +1,257 @@
+# -*- coding: utf-8 -*-
+# Copyright: llamafleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The model as llama.cpp splits it: ``n_layer + 1`` units, their bytes, and the ``-ts`` mapping.
+
+Read from llama.cpp commit 0c1e570:
+
+* Layers (src/llama-model.cpp, ``load_tensors``): the repeating layers and the
+  output layer form ``n_layer + 1`` units; the ``-ts`` values become float32
+  cumulative fractions and unit ``i`` goes to the first device whose fraction
+  is greater than ``i / (n_layer + 1)``. The output layer is therefore last, on
+  the last device that receives any unit. The input embedding stays on the CPU
+  of the orchestrator. :func:`layers_from_split` is that computation; integer
+  unit counts always map back to themselves.
+* KV cache (src/llama-context.cpp, llama-kv-cache*.cpp): the context is padded
+  to 256 cells, per slot unless the cache is unified; sliding-window layers
+  hold ``n_swa + n_ubatch`` cells per sequence. :func:`kv_bytes_per_layer`.
+
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import struct
+from typing import Any, Mapping, Sequence
+
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+
+DEFAULT_N_UBATCH = 512
+KV_PAD = 256  # llama_context pads n_ctx (and n_ctx_seq) to a multiple of 256
+
+# KV cache element types llama-server accepts for -ctk/-ctv: (elements per block, bytes per block).
+KV_TYPES: dict[str, tuple[int, int]] = {
+    "f32": (1, 4),
+    "f16": (1, 2),
+    "bf16": (1, 2),
+    "q8_0": (32, 34),
+    "q4_0": (32, 18),
+    "q4_1": (32, 20),
+    "iq4_nl": (32, 18),
+    "q5_0": (32, 22),
+    "q5_1": (32, 24),
+}
+
+
+class PlanError(ValueError):
+    """The fleet, the model and the options do not make a plan; the message says what to change."""
+
+
+# ---------------------------------------------------------------------------
+# llama.cpp's -ts -> layer mapping
+# ---------------------------------------------------------------------------
+
+def _f32(value: float) -> float:
+    """Round to IEEE single precision, as llama.cpp's ``float`` arithmetic does."""
+    return struct.unpack("<f", struct.pack("<f", value))[0]
+
+
+def assign_layers(split: Sequence[float], n_layer: int, n_gpu_layers: int | None = None) -> list[int]:
+    """The device index of each of the ``n_layer + 1`` units under ``-ts split``, as llama.cpp decides.
+
+    Mirrors ``llama_model_base::load_tensors`` (src/llama-model.cpp): the split
+    values are summed in float32 into cumulative fractions, and unit ``il`` goes
+    to ``upper_bound(fractions, float(il - i_gpu_start) / act_gpu_layers)``.
+    Units that stay on the CPU (fewer ``n_gpu_layers`` than units) get ``-1``.
+    An all-zero split means "by free memory" in llama.cpp, which depends on the
+    devices at load time and is refused here.
+    """
+    if n_layer <= 0:
+        raise ValueError("n_layer must be positive, got %r" % (n_layer,))
+    if not split:
+        raise ValueError("split is empty")
+    if any(v < 0 or math.isnan(v) for v in split):
+        raise ValueError("split has negative values: %r" % (list(split),))
+    if all(v == 0 for v in split):
+        raise ValueError("an all-zero split makes llama.cpp split by free memory at load time")
+    units = n_layer + 1
+    ngl = units if n_gpu_layers is None or n_gpu_layers < 0 else n_gpu_layers
+    i_gpu_start = max(units - ngl, 0)
+    act_gpu_layers = min(ngl, units)
+
+    cumulative: list[float] = []
+    total = _f32(0.0)
+    for value in split:
+        total = _f32(total + _f32(float(value)))
+        cumulative.append(total)
+    fractions = [_f32(c / total) for c in cumulative]
+
+    result = []
+    for il in range(units):
+        if il < i_gpu_start or il - i_gpu_start >= act_gpu_layers:
+            result.append(-1)
+            continue
+        x = _f32(_f32(float(il - i_gpu_start)) / _f32(float(act_gpu_layers)))
+        result.append(bisect.bisect_right(fractions, x))
+    return result
+
+
+def layers_from_split(split: Sequence[float], n_layer: int, n_gpu_layers: int | None = None) -> list[int]:
+    """How many of the ``n_layer + 1`` units (layers plus output) llama.cpp puts on each device for ``-ts split``.
+
+    >>> layers_from_split([3, 1], 31)
+    [24, 8]
+    """
+    counts = [0] * len(split)
+    for device in assign_layers(split, n_layer, n_gpu_layers):
+        if device >= 0:
+            counts[device] += 1
+    return counts
+
+
+# ---------------------------------------------------------------------------
+# KV cache
+# ---------------------------------------------------------------------------
+
+def _pad(value: int, to: int) -> int:
+    return (value + to - 1) // to * to
+
+
+def kv_cells(ctx_size: int, n_parallel: int, kv_unified: bool = False) -> int:
+    """KV cells llama-server allocates for ``-c ctx_size -np n_parallel`` (src/llama-context.cpp)."""
+    n_ctx = _pad(ctx_size, KV_PAD)
+    if kv_unified or n_parallel <= 1:
+        return n_ctx
+    n_ctx_seq = _pad(n_ctx // n_parallel, KV_PAD)
+    return n_ctx_seq * n_parallel
+
+
+def _swa_layers(facts: Mapping[str, Any], n_layer: int) -> list[bool] | None:
+    """Which layers use sliding-window attention, or None when the facts do not say."""
+    window = facts.get("sliding_window")
+    if not isinstance(window, Mapping) or not window.get("n_swa"):
+        return None
+    pattern = window.get("pattern")
+    if isinstance(pattern, bool):
+        return None
+    if isinstance(pattern, int) and pattern > 0:
+        # llama_hparams::set_swa_pattern(n_pattern): every n_pattern-th layer is dense.
+        return [il % pattern < pattern - 1 for il in range(n_layer)]
+    if isinstance(pattern, list) and len(pattern) == n_layer and all(isinstance(p, bool) for p in pattern):
+        return list(pattern)
+    return None
+
+
+def _per_layer_width(facts: Mapping[str, Any], key: str, n_layer: int) -> list[int]:
+    value = facts.get(key)
+    if isinstance(value, list):
+        if len(value) != n_layer:
+            raise PlanError("model facts %s has %d values, expected n_layer = %d" % (key, len(value), n_layer))
+        return [int(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value] * n_layer
+    per_token = facts.get("kv_bytes_per_token_f16")
+    if isinstance(per_token, int) and per_token > 0:
+        return [per_token // n_layer // 4] * n_layer  # half K, half V, 2 bytes each
+    raise PlanError("model facts lack %s and kv_bytes_per_token_f16: cannot size the KV cache" % key)
+
+
+def kv_type(name: str, option: str) -> tuple[int, int]:
+    """(elements, bytes) per block of a KV cache type; PlanError naming ``option`` for an unknown one."""
+    try:
+        return KV_TYPES[name.lower()]
+    except (KeyError, AttributeError):
+        raise PlanError("%s is %r; llama-server accepts %s" % (option, name, ", ".join(KV_TYPES))) from None
+
+
+def kv_bytes_per_layer(facts: Mapping[str, Any], ctx_size: int, n_parallel: int = 1,
+                       cache_type_k: str = "f16", cache_type_v: str | None = None,
+                       kv_unified: bool = False, n_ubatch: int = DEFAULT_N_UBATCH,
+                       swa: bool = True) -> list[int]:
+    """Bytes of K and V cache for each layer at this context.
+
+    Layers with sliding-window attention (when the facts give the window and
+    pattern, and ``swa`` is true) hold ``min(context, n_swa + n_ubatch)`` cells
+    per sequence, as llama_kv_cache_iswa sizes them; other layers hold every cell.
+    """
+    n_layer = int(facts["n_layer"])
+    k_widths = _per_layer_width(facts, "n_embd_k_gqa", n_layer)
+    v_widths = _per_layer_width(facts, "n_embd_v_gqa", n_layer)
+    k_blk, k_bytes = kv_type(cache_type_k, "cache_type_k")
+    v_blk, v_bytes = kv_type(cache_type_v or cache_type_k, "cache_type_v")
+    cells = kv_cells(ctx_size, n_parallel, kv_unified)
+    swa_layers = _swa_layers(facts, n_layer) if swa else None
+    swa_cells = cells
+    if swa_layers is not None:
+        n_swa = int(facts["sliding_window"]["n_swa"])
+        streams = 1 if kv_unified else max(n_parallel, 1)
+        size_base = cells // streams
+        per_stream = _pad(min(size_base, n_swa * (max(n_parallel, 1) if kv_unified else 1) + n_ubatch), KV_PAD)
+        swa_cells = min(per_stream, size_base) * streams
+    result = []
+    for il in range(n_layer):
+        layer_cells = swa_cells if swa_layers is not None and swa_layers[il] else cells
+        k = k_widths[il] * layer_cells // k_blk * k_bytes
+        v = v_widths[il] * layer_cells // v_blk * v_bytes
+        result.append(k + v)
+    return result
+
+
+# ---------------------------------------------------------------------------
+# The units of a model at a context
+# ---------------------------------------------------------------------------
+
+def check_facts(facts: Mapping[str, Any]) -> int:
+    """``n_layer`` of model facts that have what the planner needs; PlanError otherwise."""
+    for key in ("n_layer", "layer_bytes", "output_bytes"):
+        if key not in facts:
+            raise PlanError("model facts lack %r (use gguf.model_facts on the model file)" % key)
+    n_layer = facts["n_layer"]
+    if isinstance(n_layer, bool) or not isinstance(n_layer, int) or n_layer <= 0:
+        raise PlanError("model facts n_layer is %r, expected a positive integer" % (n_layer,))
+    if len(facts["layer_bytes"]) != n_layer:
+        raise PlanError("model facts layer_bytes has %d values, expected n_layer = %d"
+                        % (len(facts["layer_bytes"]), n_layer))
+    return n_layer
+
+
+def size_units(facts: Mapping[str, Any], ctx_size: int, n_parallel: int = 1, cache_type_k: str = "f16",
+               cache_type_v: str | None = None, kv_unified: bool = False,
+               n_ubatch: int = DEFAULT_N_UBATCH) -> dict[str, Any]:
+    """Bytes of each unit at this context: what the planner places.
+
+    Returns ``n_layer``, ``units`` (``n_layer + 1``), ``layer_bytes`` (weights
+    per layer), ``kv`` (KV bytes per layer), ``output_bytes``, ``costs`` (per
+    unit: weights + KV; the last unit is the output matrix), ``kv_cells`` and
+    ``host_bytes`` (input embedding and other tensors, which stay on the
+    orchestrator's CPU).
+    """
+    n_layer = check_facts(facts)
+    kv = kv_bytes_per_layer(facts, ctx_size, n_parallel, cache_type_k, cache_type_v, kv_unified, n_ubatch)
+    layer_bytes = [int(b) for b in facts["layer_bytes"]]
+    output_bytes = int(facts["output_bytes"])
+    return {
+        "n_layer": n_layer,
+        "units": n_layer + 1,
+        "layer_bytes": layer_bytes,
+        "kv": kv,
+        "output_bytes": output_bytes,
+        "costs": [layer_bytes[i] + kv[i] for i in range(n_layer)] + [output_bytes],
+        "kv_cells": kv_cells(ctx_size, n_parallel, kv_unified),
+        "host_bytes": int(facts.get("token_embd_bytes") or 0) + int(facts.get("other_bytes") or 0),
+    }
+
+
+def range_text(start: int, count: int, n_layer: int) -> str:
+    """``0-13``, ``14-17+output``, ``output`` or ``-``: the units from ``start``, the output unit named."""
+    if count == 0:
+        return "-"
+    end = start + count - 1
+    if end == n_layer:  # the last unit is the output layer
+        if count == 1:
+            return "output"
+        return "%d-%d+output" % (start, end - 1) if end - 1 > start else "%d+output" % start
+    return "%d-%d" % (start, end) if end > start else "%d" % start

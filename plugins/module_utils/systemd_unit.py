@@ -1,0 +1,237 @@
+# -*- coding: utf-8 -*-
+# Copyright: llamafleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The systemd units of llama-server and rpc-server: one renderer, one device policy per backend.
+
+Both services get the same hardening. What differs by llama.cpp backend is
+which device nodes the service may open, and that is decided in one place,
+:func:`device_policy`, from systemd's own rules (systemd.exec(5) and
+systemd.resource-control(5), systemd 252):
+
+* ``PrivateDevices=yes`` mounts a private ``/dev`` without physical devices
+  and sets ``DevicePolicy=closed``.
+* ``ProtectClock=yes`` implies ``DeviceAllow=char-rtc r``; with the default
+  ``DevicePolicy=auto`` any ``DeviceAllow=`` entry turns the policy into an
+  allow-list (that entry plus the pseudo devices ``/dev/null``, ``/dev/zero``
+  ...), which hides ``/dev/nvidia*``, ``/dev/kfd`` and ``/dev/dri``.
+* ``DevicePolicy=closed``/``strict`` close it too.
+* ``ProtectKernelLogs=``, ``ProtectKernelModules=``, ``ProtectKernelTunables=``,
+  ``ProtectControlGroups=`` and ``ProtectHostname=`` imply no device rule
+  (ProtectKernelLogs only makes ``/dev/kmsg`` and ``/proc/kmsg`` inaccessible).
+
+So a CPU build gets ``PrivateDevices=yes`` and ``ProtectClock=yes``; a GPU
+build gets neither and no ``DeviceAllow=``: its device policy stays open, so
+its GPUs are reachable whatever the driver names its nodes or loads them
+(an allow-list of device groups is resolved when the unit starts, before
+``nvidia-uvm`` may have been loaded). File permissions still apply: the
+roles put the service users in ``video`` and ``render`` for ``/dev/dri`` and
+``/dev/kfd``. Metal builds run on macOS, which has no systemd.
+
+Stdlib only; shared by the Ansible modules and ``llamafleet.core.systemd_unit``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping, Sequence
+
+from .constants import RPC_CACHE_SUBDIR, RPC_FIREWALL_UNIT, RPC_SERVER_HOME, RPC_SERVER_USER
+from .llama_flags import FlagError
+
+
+class UnitError(FlagError):
+    """A unit cannot be rendered as asked (a FlagError, so callers of both catch one class)."""
+
+
+# The device nodes each Linux backend's llama.cpp opens (globs; for the unit's comment and the tests).
+# NVIDIA's Vulkan driver uses NVIDIA's nodes, Mesa's Vulkan drivers /dev/dri.
+_NVIDIA_NODES = ("/dev/nvidiactl", "/dev/nvidia[0-9]*", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
+                 "/dev/nvidia-modeset")
+_DRI_NODES = ("/dev/dri/card*", "/dev/dri/renderD*")
+BACKEND_DEVICE_NODES: dict[str, tuple[str, ...]] = {
+    "cpu": (),
+    "cuda": _NVIDIA_NODES,
+    "rocm": ("/dev/kfd",) + _DRI_NODES,
+    "vulkan": _DRI_NODES + _NVIDIA_NODES,
+}
+# Directives that close the device policy (see the module docstring): only for backends without device nodes.
+CLOSED_DEVICE_POLICY = ("PrivateDevices=yes", "ProtectClock=yes")
+
+
+def device_policy(backend: str | None) -> list[str]:
+    """The ``[Service]`` lines that decide which device nodes a llama.cpp ``backend`` build reaches.
+
+    ``cpu`` closes the device policy (:data:`CLOSED_DEVICE_POLICY`); a GPU
+    backend, or None (backend not known), keeps every device reachable and
+    says so in a comment. ``metal`` and unknown backends raise UnitError.
+    """
+    if backend == "metal":
+        raise UnitError("backend 'metal' builds run on macOS, which has no systemd: there is no unit to render "
+                        "(run rpc-server/llama-server there with launchd)")
+    if backend is not None and backend not in BACKEND_DEVICE_NODES:
+        raise UnitError("backend %r has no systemd device policy; expected one of %s"
+                        % (backend, ", ".join(sorted(BACKEND_DEVICE_NODES))))
+    nodes = BACKEND_DEVICE_NODES[backend] if backend is not None else ()
+    if backend is not None and not nodes:
+        return list(CLOSED_DEVICE_POLICY)
+    reach = " ".join(nodes) if nodes else "every device node (backend not given)"
+    return ["# Devices: %s stay reachable: no PrivateDevices=, ProtectClock= or DeviceAllow=, which would "
+            "install a device allow-list" % reach]
+
+
+# ---------------------------------------------------------------------------
+# Quoting
+# ---------------------------------------------------------------------------
+
+_SYSTEMD_SAFE = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
+
+
+def systemd_quote(arg: str) -> str:
+    """Quote one argument for ``ExecStart=`` so systemd passes it through unchanged.
+
+    systemd splits ExecStart on whitespace, honours double quotes with C-style
+    backslash escapes, expands ``%`` specifiers and ``$VAR`` references; so
+    ``%`` becomes ``%%``, ``$`` becomes ``$$``, and anything outside a
+    conservative safe set is double-quoted with ``\\`` and ``"`` escaped.
+    """
+    text = str(arg).replace("%", "%%").replace("$", "$$")
+    if text and _SYSTEMD_SAFE.fullmatch(text):
+        return text
+    escaped = (text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+               .replace("\t", "\\t").replace("\r", "\\r"))
+    return '"%s"' % escaped
+
+
+def systemd_exec(argv: Sequence[str]) -> str:
+    """An ExecStart value: the argv quoted for systemd, one option (and its value) per continued line."""
+    if not argv:
+        raise UnitError("empty argv")
+    if not str(argv[0]).startswith("/"):
+        raise UnitError("ExecStart needs an absolute path to the binary, got %r" % (argv[0],))
+    lines = [systemd_quote(argv[0])]
+    i = 1
+    while i < len(argv):
+        part = [systemd_quote(argv[i])]
+        if str(argv[i]).startswith("-") and i + 1 < len(argv) and not str(argv[i + 1]).startswith("-"):
+            part.append(systemd_quote(argv[i + 1]))
+            i += 1
+        lines.append(" ".join(part))
+        i += 1
+    return " \\\n    ".join(lines)
+
+
+def _env_assignment(key: str, value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+        raise UnitError("environment variable name %r is not valid" % key)
+    text = ("%s=%s" % (key, value)).replace("%", "%%")
+    return '"%s"' % text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+# ---------------------------------------------------------------------------
+# Units
+# ---------------------------------------------------------------------------
+
+RESTART_POLICIES = ("no", "always", "on-success", "on-failure", "on-abnormal", "on-abort", "on-watchdog")
+
+
+def render_systemd_unit(argv: Sequence[str], header: str = "", description: str = "llama.cpp server",
+                        user: str = "llamafleet", group: str | None = None,
+                        working_directory: str | None = None,
+                        read_write_paths: Sequence[str] = (), read_only_paths: Sequence[str] = (),
+                        environment: Mapping[str, str] | None = None,
+                        after: Sequence[str] = ("network-online.target",),
+                        wants: Sequence[str] = ("network-online.target",),
+                        requires: Sequence[str] = (),
+                        restart: str = "on-failure", restart_sec: int = 5, limit_memlock_infinity: bool = False,
+                        exec_start_pre: Sequence[Sequence[str]] = (), comments: Sequence[str] = (),
+                        timeout_start_sec: int | None = None, backend: str | None = None,
+                        protect_home: str = "yes", wanted_by: str = "multi-user.target") -> str:
+    """The text of a hardened systemd service unit running ``argv`` from a llama.cpp ``backend`` build.
+
+    ``header`` (e.g. the ansible_managed comment) goes first, verbatim, each
+    line made a comment if it is not one; ``comments`` are extra comment lines
+    after it. Hardening: NoNewPrivileges, ProtectSystem=strict (write access
+    only to ``read_write_paths``), ProtectHome, PrivateTmp, kernel, log,
+    cgroup and hostname protection, no capabilities, address families limited
+    to IP, UNIX and netlink sockets, and the device policy of ``backend``
+    (:func:`device_policy`). ``limit_memlock_infinity`` is for
+    ``--mlock``/``-lm mlock``. ``exec_start_pre`` are argv lists run before the
+    server (e.g. a wait for the workers).
+    """
+    if restart not in RESTART_POLICIES:
+        raise UnitError("restart %r is not one of %s" % (restart, ", ".join(RESTART_POLICIES)))
+    devices = device_policy(backend)
+    lines: list[str] = []
+    for line in header.splitlines():
+        lines.append(line if line.startswith(("#", ";")) or not line.strip() else "# " + line)
+    for comment in comments:
+        lines.append("# " + " ".join(str(comment).split()))
+    lines += ["[Unit]", "Description=%s" % description.replace("\n", " ")]
+    for key, units in (("After", after), ("Wants", wants), ("Requires", requires)):
+        if units:
+            lines.append("%s=%s" % (key, " ".join(units)))
+    lines += ["", "[Service]", "Type=simple", "User=%s" % user, "Group=%s" % (group or user)]
+    if working_directory:
+        if "\n" in working_directory or not working_directory.startswith("/"):
+            raise UnitError("working_directory must be an absolute path, got %r" % working_directory)
+        lines.append("WorkingDirectory=%s" % working_directory.replace("%", "%%"))
+    for key in sorted(environment or {}):
+        lines.append("Environment=%s" % _env_assignment(key, str(environment[key])))
+    for pre in exec_start_pre:
+        lines.append("ExecStartPre=%s" % systemd_exec(pre))
+    lines.append("ExecStart=%s" % systemd_exec(argv))
+    if timeout_start_sec is not None:
+        lines.append("TimeoutStartSec=%d" % int(timeout_start_sec))
+    lines += [
+        "Restart=%s" % restart,
+        "RestartSec=%d" % int(restart_sec),
+        "",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "ProtectHome=%s" % protect_home,
+        "PrivateTmp=yes",
+    ]
+    lines += devices
+    lines += [
+        "ProtectKernelTunables=yes",
+        "ProtectKernelModules=yes",
+        "ProtectKernelLogs=yes",
+        "ProtectControlGroups=yes",
+        "ProtectHostname=yes",
+        "RestrictSUIDSGID=yes",
+        "RestrictRealtime=yes",
+        "RestrictNamespaces=yes",
+        "LockPersonality=yes",
+        "SystemCallArchitectures=native",
+        "CapabilityBoundingSet=",
+        "AmbientCapabilities=",
+        "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX AF_NETLINK",
+        "UMask=0077",
+    ]
+    for path in read_write_paths:
+        lines.append("ReadWritePaths=%s" % systemd_quote(path))
+    for path in read_only_paths:
+        lines.append("ReadOnlyPaths=%s" % systemd_quote(path))
+    if limit_memlock_infinity:
+        lines.append("LimitMEMLOCK=infinity")
+    lines += ["", "[Install]", "WantedBy=%s" % wanted_by, ""]
+    return "\n".join(lines)
+
+
+def render_rpc_server_unit(argv: Sequence[str], backend: str, port: int, user: str = RPC_SERVER_USER,
+                           home: str = RPC_SERVER_HOME, build_id: str | None = None, firewall: bool = True,
+                           header: str = "") -> str:
+    """The unit of one rpc-server (``argv`` from ``llama_flags.render_rpc_server_argv``).
+
+    rpc-server writes only its weight cache, ``$LLAMA_CACHE/rpc`` under
+    ``home``; it restarts always (it exits when a client's computation fails);
+    with ``firewall`` it needs the worker firewall unit up first.
+    """
+    firewall_units = [RPC_FIREWALL_UNIT] if firewall else []
+    comments = ["llama.cpp build %s (%s)" % (build_id, backend)] if build_id else []
+    return render_systemd_unit(
+        argv, header=header, comments=comments,
+        description="llama.cpp RPC worker for the llamafleet cluster (port %d)" % int(port),
+        user=user, environment={"LLAMA_CACHE": "%s/%s" % (home.rstrip("/"), RPC_CACHE_SUBDIR)},
+        read_write_paths=[home], after=["network-online.target"] + firewall_units, requires=firewall_units,
+        restart="always", restart_sec=2, backend=backend)

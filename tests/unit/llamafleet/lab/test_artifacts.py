@@ -1,0 +1,45 @@
+"""The lab's pinned artifacts: fetched once, verified by sha256, remembered by the collection's marker."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from llamafleet.core.checksum import marker_matches
+from llamafleet.lab import artifacts
+from llamafleet.lab.system import LabError
+
+CONTENT = b"pinned bytes"
+PINNED = artifacts.Artifact(name="thing.bin", subdir="src", sha256=hashlib.sha256(CONTENT).hexdigest(), origin="test")
+
+
+@pytest.fixture()
+def fetches(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Replace the fetchers by one that writes CONTENT and records each call."""
+    calls: list[Path] = []
+
+    def fake(dest: Path) -> None:
+        calls.append(dest)
+        dest.write_bytes(CONTENT)
+
+    monkeypatch.setitem(artifacts._FETCHERS, PINNED.name, fake)
+    return calls
+
+
+def test_fetched_once_then_trusted(tmp_path: Path, fetches: list[Path]) -> None:
+    said: list[str] = []
+    path = artifacts.ensure_artifact(PINNED, tmp_path, said.append)
+    assert path == tmp_path / "src" / "thing.bin" and path.read_bytes() == CONTENT
+    assert marker_matches(path, PINNED.sha256)
+    assert artifacts.ensure_artifact(PINNED, tmp_path, said.append) == path
+    assert len(fetches) == 1 and said == ["==> fetching thing.bin (test)"]
+    assert sorted(p.name for p in path.parent.iterdir()) == [".thing.bin.verified", "thing.bin"]
+
+
+def test_wrong_content_is_refused_and_removed(tmp_path: Path, fetches: list[Path]) -> None:
+    wrong = artifacts.Artifact(name=PINNED.name, subdir="src", sha256="0" * 64, origin="test")
+    with pytest.raises(LabError, match="thing.bin from test has sha256 .*, expected 0{64}; refusing to use it"):
+        artifacts.ensure_artifact(wrong, tmp_path, lambda _msg: None)
+    assert len(fetches) == 1 and list((tmp_path / "src").iterdir()) == []
