@@ -99,7 +99,7 @@ llamacpp-local-test: venv collection
 	  if [ -z "$$art" ]; then echo "no llama.cpp artifact in $(CACHE)/artifacts: run make e2e-test first"; exit 1; fi; \
 	  rm -rf .build/llamacpp && mkdir -p .build/llamacpp && tar -xzf "$$art" -C .build/llamacpp && \
 	  LLAMAFLEET_LLAMACPP_BIN=$(CURDIR)/.build/llamacpp/bin LLAMAFLEET_FNV_HELPER=$(CURDIR)/.build/llamacpp/bin/llamafleet-fnv1a64 \
-	  $(BIN)/pytest -q tests/integration/test_llamacpp_local.py
+	  $(BIN)/pytest -q tests/integration/test_llamacpp_local.py tests/integration/test_rpcproxy_local.py
 
 molecule-test: venv collection
 	@echo "==> molecule scenarios on lab hosts (delegated driver: create/destroy are lab up/down)"

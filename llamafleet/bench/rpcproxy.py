@@ -1,0 +1,749 @@
+# -*- coding: utf-8 -*-
+# Copyright: llamafleet maintainers
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A TCP proxy in front of an rpc-server that adds latency to chosen llama.cpp RPC commands.
+
+    python -m llamafleet.bench.rpcproxy --listen 127.0.0.1:50100 --upstream 10.0.0.2:50052 \\
+        --delay-ms 10 --mode compute [--armed] [--stats /run/llamafleet-bench/proxy-0.json]
+
+llama-server is pointed at ``--listen`` (``--rpc 127.0.0.1:50100``) instead of
+the rpc-server. The proxy does not need llamafleet on the host: copied next to
+``rpc_proto.py`` (the llama_server role installs that in
+/usr/local/libexec/llamafleet) it runs as ``python3 rpcproxy.py ...``.
+
+Wire format (llama.cpp 0c1e570, ggml/src/ggml-rpc/ggml-rpc.cpp; integers little-endian)
+-----------------------------------------------------------------------------------------
+Every request, HELLO included, is ``u8 command | u64 size | size bytes`` (the
+client's ``send_rpc_cmd``); every reply is ``u64 size | size bytes``
+(``send_msg``). HELLO must come first. Which commands the server answers, and
+with how many bytes (``rpc_serve_client``), is REPLY_SIZES below: GET_TENSOR
+answers as many bytes as its request asks for; FREE_BUFFER, BUFFER_CLEAR,
+MEMSET_TENSOR, SET_TENSOR, INIT_TENSOR, GRAPH_COMPUTE and GRAPH_RECOMPUTE have
+no reply at all. The client (one dispatcher thread per endpoint) sends the
+unanswered ones back to back and blocks only on the next answered command, so a
+token's inputs (9 SET_TENSOR for gemma-3), its GRAPH_COMPUTE (GRAPH_RECOMPUTE
+when the graph is reused) and the GET_TENSOR of its output travel as one burst
+that ends in one round trip per device.
+
+Delay model
+-----------
+The client->server stream is parsed frame by frame. Once armed, a frame whose
+command the mode delays is forwarded ``--delay-ms`` after its header arrived;
+every frame keeps its place in the stream, so what comes behind a delayed frame
+waits for it. This is a delay line (like ``tc netem delay`` on one direction),
+not a sleep per command: commands sent back to back share the delay as they
+would share a real link's latency. The round trip of a delayed answered command
+grows by ``--delay-ms``, and so does the round trip of the first answered command
+behind a delayed unanswered one (GRAPH_COMPUTE has no reply: its delay shows in
+the GET_TENSOR that follows). ``--delay-ms`` is therefore the added round-trip
+time: to emulate a one-way link latency L, pass 2 × L. The server->client stream
+is piped untouched except for HELLO (below).
+
+Modes: ``compute`` delays GRAPH_COMPUTE and GRAPH_RECOMPUTE; ``transfer`` those
+and GET_TENSOR and SET_TENSOR; ``all`` every command.
+
+HELLO carries 24 bytes of transport capabilities each way (RDMA parameters when
+both sides were built with GGML_RPC_RDMA). The proxy zeroes them in both
+directions so the two ends stay on the TCP connection it relays: an RDMA link
+would bypass it.
+
+Control (what a transient systemd unit can take: ``systemctl kill -s SIGUSR1 UNIT``)
+------------------------------------------------------------------------------------
+- starts disarmed (model loading is not distorted) unless ``--armed``;
+- SIGUSR1 arms, SIGUSR2 disarms; SIGHUP writes the stats file now;
+- SIGTERM / SIGINT: write the stats file and exit 0.
+
+Stats: ``--stats FILE`` is rewritten atomically (temporary file + rename) on
+every arm and disarm, on SIGHUP, at exit and every ``--stats-interval`` seconds
+while anything changed: bytes each way, connections, and per command the count,
+the payload bytes and how many were delayed (see ``Stats.snapshot``). SET_TENSOR
+payload bytes counted up to the end of the load are the weights sent to this
+worker (those its cache had, answered by SET_TENSOR_HASH, are not sent).
+
+Connections are relayed independently (rpc-server itself serves one at a time;
+a HELLO probe waits in its backlog as it would without the proxy). llama-server
+opens one short connection per device query before the connection that loads
+and serves the model (13 in all for one endpoint at 0c1e570, see
+tests/unit/fixtures/rpc/README.md). A client that resets its connection gets
+the upstream connection reset too, a client that closes gets it closed after
+everything it sent was forwarded.
+
+``measure_round_trip`` and ``RpcClient`` speak the protocol as llama-server does,
+to measure through a proxy the delay it really adds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import json
+import math
+import os
+import queue
+import signal
+import socket
+import statistics
+import struct
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+try:
+    from llamafleet.core import rpc_proto
+except ImportError:  # a copy beside rpc_proto.py on a host without llamafleet
+    import rpc_proto  # type: ignore[no-redef]
+
+
+class Cmd(enum.IntEnum):
+    """enum rpc_cmd of ggml-rpc.cpp (llama.cpp 0c1e570), in its order."""
+
+    ALLOC_BUFFER = 0
+    GET_ALIGNMENT = 1
+    GET_MAX_SIZE = 2
+    BUFFER_GET_BASE = 3
+    FREE_BUFFER = 4
+    BUFFER_CLEAR = 5
+    SET_TENSOR = 6
+    SET_TENSOR_HASH = 7
+    GET_TENSOR = 8
+    COPY_TENSOR = 9
+    GRAPH_COMPUTE = 10
+    GET_DEVICE_MEMORY = 11
+    INIT_TENSOR = 12
+    GET_ALLOC_SIZE = 13
+    HELLO = 14
+    DEVICE_COUNT = 15
+    GRAPH_RECOMPUTE = 16
+    MEMSET_TENSOR = 17
+    NONE = 18  # client-side marker, never sent; the server hangs up on it
+
+
+if Cmd.HELLO != rpc_proto.RPC_CMD_HELLO:  # static_assert(RPC_CMD_HELLO == 14) upstream
+    raise ImportError("rpc_proto.RPC_CMD_HELLO disagrees with the command table")
+
+# Request header and reply header.
+HEADER = struct.Struct("<BQ")
+REPLY_HEADER = struct.Struct("<Q")
+# struct rpc_tensor (packed, 296 bytes): id, type, buffer, ne[4], nb[4], op, op_params[16], flags,
+# src[10], view_src, view_offs, data, name[64], use_count.
+RPC_TENSOR = struct.Struct("<QIQ4I4II16ii10QQQQ64si")
+# GET_TENSOR request: rpc_tensor, offset, size (the size of the reply).
+GET_TENSOR_REQ = struct.Struct("<%dsQQ" % RPC_TENSOR.size)
+
+# Reply payload size of each answered command (rpc_serve_client); GET_TENSOR: see reply_size().
+REPLY_SIZES: dict[Cmd, int] = {
+    Cmd.HELLO: 4 + rpc_proto.HELLO_CAPS_SIZE,  # major, minor, patch, padding, conn_caps[24]
+    Cmd.DEVICE_COUNT: 4,
+    Cmd.ALLOC_BUFFER: 16,  # remote_ptr, remote_size
+    Cmd.GET_ALLOC_SIZE: 8,
+    Cmd.GET_ALIGNMENT: 8,
+    Cmd.GET_MAX_SIZE: 8,
+    Cmd.BUFFER_GET_BASE: 8,
+    Cmd.SET_TENSOR_HASH: 1,  # 1: the server had the data in its cache
+    Cmd.COPY_TENSOR: 1,
+    Cmd.GET_DEVICE_MEMORY: 16,  # free, total
+}
+
+MODES: dict[str, frozenset[int]] = {
+    "compute": frozenset({Cmd.GRAPH_COMPUTE, Cmd.GRAPH_RECOMPUTE}),
+    "transfer": frozenset({Cmd.GRAPH_COMPUTE, Cmd.GRAPH_RECOMPUTE, Cmd.GET_TENSOR, Cmd.SET_TENSOR}),
+    "all": frozenset(Cmd),
+}
+
+CHUNK = 256 * 1024
+# Bytes a GET_TENSOR / SET_TENSOR probe moves.
+PROBE_BYTES = 4096
+# At most this many chunks wait in the delay line of one connection (backpressure beyond).
+QUEUE_CHUNKS = 64
+
+
+def command_name(command: int) -> str:
+    """``GRAPH_COMPUTE`` for 10; ``UNKNOWN_200`` for what is not a command."""
+    try:
+        return Cmd(command).name
+    except ValueError:
+        return "UNKNOWN_%d" % command
+
+
+def reply_size(command: int, payload: bytes) -> int | None:
+    """Payload size of the server's answer to a request, or None when it sends none."""
+    if command == Cmd.GET_TENSOR:
+        return GET_TENSOR_REQ.unpack(payload)[2]
+    return REPLY_SIZES.get(command)  # type: ignore[call-overload]
+
+
+def request_frame(command: int, payload: bytes = b"") -> bytes:
+    """A request as the client sends it: ``u8 command | u64 size | payload``."""
+    return HEADER.pack(command, len(payload)) + payload
+
+
+def delayed_commands(mode: str) -> frozenset[int]:
+    """The commands a mode delays; ValueError naming the modes for an unknown one."""
+    try:
+        return MODES[mode]
+    except KeyError:
+        raise ValueError("unknown mode %r: use one of %s" % (mode, ", ".join(MODES))) from None
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A request header: its command and payload size."""
+
+    command: int
+    size: int
+
+    @property
+    def name(self) -> str:
+        return command_name(self.command)
+
+
+class FrameParser:
+    """Cuts the client->server byte stream into requests, whatever the read boundaries.
+
+    ``feed`` returns pieces ``(frame, bytes)`` that concatenate to the input, in
+    order: ``frame`` is set on the piece that begins with a complete request
+    header, None on payload that continues the current request. A header split
+    over reads is held back until it is complete. HELLO payloads (transport
+    capabilities) come out as zeros.
+    """
+
+    def __init__(self) -> None:
+        self._head = bytearray()
+        self._left = 0
+        self._command = -1
+
+    def feed(self, data: bytes) -> list[tuple[Frame | None, bytes]]:
+        pieces: list[tuple[Frame | None, bytes]] = []
+        view = memoryview(data)
+        while view:
+            if self._left:
+                take = min(self._left, len(view))
+                body = bytes(take) if self._command == Cmd.HELLO else bytes(view[:take])
+                pieces.append((None, body))
+                self._left -= take
+                view = view[take:]
+                continue
+            need = HEADER.size - len(self._head)
+            self._head += view[:need]
+            view = view[need:]
+            if len(self._head) < HEADER.size:
+                break
+            command, size = HEADER.unpack(self._head)
+            frame = Frame(command, size)
+            self._command, self._left = command, size
+            pieces.append((frame, bytes(self._head)))
+            self._head.clear()
+        return _merge(pieces)
+
+
+def _merge(pieces: list[tuple[Frame | None, bytes]]) -> list[tuple[Frame | None, bytes]]:
+    """Join each header piece with the payload pieces that follow it (fewer, larger sends)."""
+    merged: list[tuple[Frame | None, bytes]] = []
+    for frame, data in pieces:
+        if frame is None and merged:
+            merged[-1] = (merged[-1][0], merged[-1][1] + data)
+        else:
+            merged.append((frame, data))
+    return merged
+
+
+class HelloReplyFilter:
+    """Passes the server->client stream through, with the HELLO answer's capabilities zeroed.
+
+    The first reply on a connection answers HELLO: ``u64 size | major minor
+    patch padding | conn_caps[24]`` (older servers: three version bytes only).
+    """
+
+    def __init__(self) -> None:
+        self._pending: bytearray | None = bytearray()
+
+    def feed(self, data: bytes) -> bytes:
+        if self._pending is None:
+            return data
+        self._pending += data
+        if len(self._pending) < REPLY_HEADER.size:
+            return b""
+        (size,) = REPLY_HEADER.unpack_from(self._pending)
+        end = REPLY_HEADER.size + size
+        if len(self._pending) < end:
+            return b""
+        out = self._pending
+        self._pending = None
+        caps_at = REPLY_HEADER.size + 4
+        if size >= 4 + rpc_proto.HELLO_CAPS_SIZE:
+            out[caps_at:caps_at + rpc_proto.HELLO_CAPS_SIZE] = bytes(rpc_proto.HELLO_CAPS_SIZE)
+        return bytes(out)
+
+
+class Stats:
+    """Counters of a proxy, safe to update from every connection's threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.version = 0
+        self.bytes_to_upstream = 0
+        self.bytes_to_client = 0
+        self.connections = 0
+        self.active_connections = 0
+        self.delayed = 0
+        self.held_s = 0.0
+        self.commands: dict[str, list[int]] = {}
+
+    def count(self, frame: Frame, delayed: bool) -> None:
+        with self._lock:
+            entry = self.commands.setdefault(frame.name, [0, 0, 0])
+            entry[0] += 1
+            entry[1] += frame.size
+            entry[2] += int(delayed)
+            self.version += 1
+
+    def add(self, **deltas: float) -> None:
+        """Add to counters by name (``bytes_to_upstream=n``, ``held_s=s``, ...)."""
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self, name, getattr(self, name) + delta)
+            self.version += 1
+
+    def snapshot(self) -> dict:
+        """Counters as JSON-ready data; ``held_ms_mean`` is the mean time delayed frames waited here."""
+        with self._lock:
+            return {
+                "bytes_to_upstream": self.bytes_to_upstream,
+                "bytes_to_client": self.bytes_to_client,
+                "connections": self.connections,
+                "active_connections": self.active_connections,
+                "delayed_commands": self.delayed,
+                "held_ms_mean": round(1000 * self.held_s / self.delayed, 3) if self.delayed else None,
+                "commands": {name: {"count": c, "payload_bytes": b, "delayed": d}
+                             for name, (c, b, d) in sorted(self.commands.items())},
+            }
+
+
+_EOF = "eof"
+_RESET = "reset"
+
+
+def _abort(sock: socket.socket) -> None:
+    """Make the coming close() a TCP reset, and wake any thread blocked reading ``sock``."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.shutdown(socket.SHUT_RD)
+    except OSError:
+        pass
+
+
+def _shutdown(sock: socket.socket, how: int) -> None:
+    try:
+        sock.shutdown(how)
+    except OSError:
+        pass
+
+
+class _Link:
+    """One client connection relayed to its own upstream connection (three threads)."""
+
+    def __init__(self, proxy: RpcProxy, client: socket.socket) -> None:
+        self.proxy = proxy
+        self.client = client
+        self.lines: queue.Queue = queue.Queue(maxsize=QUEUE_CHUNKS)
+
+    def run(self) -> None:
+        proxy, client = self.proxy, self.client
+        try:
+            upstream = socket.create_connection(proxy.upstream, timeout=proxy.connect_timeout)
+        except OSError as exc:
+            proxy.log("cannot connect to upstream %s: %s" % (rpc_proto.format_endpoint(*proxy.upstream), exc))
+            _abort(client)
+            client.close()
+            return
+        upstream.settimeout(None)
+        client.settimeout(None)
+        for sock in (client, upstream):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        proxy.stats.add(connections=1, active_connections=1)
+        threads = [threading.Thread(target=self._write_up, args=(upstream,), daemon=True),
+                   threading.Thread(target=self._pump_down, args=(upstream,), daemon=True)]
+        for thread in threads:
+            thread.start()
+        self._read_up()
+        for thread in threads:
+            thread.join()
+        upstream.close()
+        client.close()
+        proxy.stats.add(active_connections=-1)
+
+    def _read_up(self) -> None:
+        """Client -> delay line: parse frames, stamp what each read brought with the time it may leave.
+
+        A read becomes at most two items: what comes before its first delayed
+        frame leaves now, the rest (which must stay behind that frame) after the delay.
+        """
+        proxy, parser = self.proxy, FrameParser()
+        end = _EOF
+        try:
+            while True:
+                data = self.client.recv(CHUNK)
+                if not data:
+                    break
+                now = proxy.clock()
+                parts: tuple[list[bytes], list[bytes]] = ([], [])
+                delayed = 0
+                for frame, piece in parser.feed(data):
+                    if frame is not None:
+                        held = proxy.delays(frame.command)
+                        proxy.stats.count(frame, held)
+                        delayed += held
+                    parts[delayed > 0].append(piece)
+                if parts[0]:
+                    self.lines.put((now, b"".join(parts[0]), 0, now))
+                if parts[1]:
+                    self.lines.put((now + proxy.delay_s, b"".join(parts[1]), delayed, now))
+        except OSError:
+            end = _RESET
+        self.lines.put(end)
+
+    def _write_up(self, upstream: socket.socket) -> None:
+        """Delay line -> upstream, each piece at its time; the client's close or reset passed on."""
+        proxy, broken = self.proxy, False
+        while True:
+            item = self.lines.get()
+            if item == _EOF:
+                _shutdown(upstream, socket.SHUT_WR)
+                return
+            if item == _RESET:
+                _abort(upstream)
+                return
+            if broken:
+                continue  # upstream is gone: drain so the reader never blocks
+            due, piece, delayed, arrived = item
+            wait = due - proxy.clock()
+            if wait > 0:
+                proxy.sleep(wait)
+            try:
+                upstream.sendall(piece)
+            except OSError:
+                broken = True
+                _abort(self.client)
+                continue
+            proxy.stats.add(bytes_to_upstream=len(piece), delayed=delayed,
+                            held_s=delayed * (proxy.clock() - arrived))
+
+    def _pump_down(self, upstream: socket.socket) -> None:
+        """Upstream -> client as bytes (HELLO's capabilities zeroed); the server's close or reset passed on."""
+        reply, client_gone = HelloReplyFilter(), False
+        try:
+            while True:
+                data = upstream.recv(CHUNK)
+                if not data:
+                    break
+                out = reply.feed(data)
+                if out and not client_gone:
+                    try:
+                        self.client.sendall(out)
+                        self.proxy.stats.add(bytes_to_client=len(out))
+                    except OSError:
+                        client_gone = True
+        except OSError:
+            _abort(self.client)
+            return
+        _shutdown(self.client, socket.SHUT_RDWR)
+
+
+def parse_address(text: str, what: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT``) as a (host, port) pair; ValueError naming ``what`` otherwise."""
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError("%s %r is not HOST:PORT" % (what, text))
+    return host, int(port)
+
+
+class RpcProxy:
+    """Listens on ``listen`` and relays every connection to ``upstream`` through a delay line."""
+
+    def __init__(self, listen: tuple[str, int], upstream: tuple[str, int], delay_ms: float, mode: str,
+                 armed: bool = False, connect_timeout: float = 10.0,
+                 log: Callable[[str], None] | None = None) -> None:
+        if not (math.isfinite(delay_ms) and delay_ms >= 0):
+            raise ValueError("--delay-ms must be a number of 0 or more, not %r" % delay_ms)
+        self._delayed = delayed_commands(mode)
+        self.mode = mode
+        self.delay_s = delay_ms / 1000.0
+        self.upstream = upstream
+        self.connect_timeout = connect_timeout
+        self.armed = armed
+        self.stats = Stats()
+        self.clock: Callable[[], float] = time.monotonic
+        self.sleep: Callable[[float], None] = time.sleep
+        self.log = log or (lambda line: None)
+        try:
+            self._server = socket.create_server(listen, backlog=16)
+        except OSError as exc:
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise OSError("cannot listen on %s: %s" % (rpc_proto.format_endpoint(*listen), reason)) from None
+        self._server.settimeout(0.2)
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """Where the proxy listens (the real port when 0 was asked)."""
+        host, port = self._server.getsockname()[:2]
+        return host, port
+
+    def delays(self, command: int) -> bool:
+        """Whether a request with this command is delayed now."""
+        return self.armed and command in self._delayed
+
+    def arm(self, armed: bool = True) -> None:
+        """Start (or with False stop) delaying."""
+        self.armed = armed
+        self.stats.add()  # a change worth writing out
+        if armed:
+            self.log("armed: delaying %s commands by %.1f ms" % (self.mode, self.delay_s * 1000))
+        else:
+            self.log("disarmed")
+
+    def describe(self) -> dict:
+        """Configuration and counters, as the stats file holds them."""
+        return {"listen": rpc_proto.format_endpoint(*self.address),
+                "upstream": rpc_proto.format_endpoint(*self.upstream), "mode": self.mode,
+                "delay_ms": self.delay_s * 1000, "armed": self.armed, "pid": os.getpid(),
+                "written_at": time.time(), **self.stats.snapshot()}
+
+    def serve_forever(self) -> None:
+        """Accept and relay connections (each on its own threads) until close()."""
+        while not self._closed.is_set():
+            try:
+                client, peer = self._server.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                if self._closed.is_set():
+                    return
+                raise
+            self.log("connection from %s" % rpc_proto.format_endpoint(*peer[:2]))
+            threading.Thread(target=_Link(self, client).run, daemon=True).start()
+
+    def start(self) -> RpcProxy:
+        """serve_forever on a background thread."""
+        self._thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop accepting (relayed connections end with their peers)."""
+        self._closed.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._server.close()
+
+    def __enter__(self) -> RpcProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename (readers never see half)."""
+    tmp = path.with_name(".%s.%d.tmp" % (path.name, os.getpid()))
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# --- measuring through a proxy --------------------------------------------------------------------
+
+class RpcClient:
+    """A blocking RPC client that frames requests as llama-server does (to measure round trips)."""
+
+    def __init__(self, host: str, port: int, timeout: float = 10.0) -> None:
+        self.endpoint = rpc_proto.format_endpoint(host, port)
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        try:
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sock.sendall(rpc_proto.hello_request())
+            self.version = rpc_proto.parse_hello_payload(self.endpoint, self._reply(REPLY_SIZES[Cmd.HELLO]))
+        except BaseException:
+            self.sock.close()
+            raise
+
+    def _reply(self, size: int) -> bytes:
+        (got,) = REPLY_HEADER.unpack(self._read(REPLY_HEADER.size))
+        if got != size:
+            raise rpc_proto.RPCProtocolError(self.endpoint, "answered %d bytes where %d were due" % (got, size))
+        return self._read(size)
+
+    def _read(self, count: int) -> bytes:
+        data = bytearray()
+        while len(data) < count:
+            chunk = self.sock.recv(count - len(data))
+            if not chunk:
+                raise rpc_proto.RPCClosed(self.endpoint, "closed the connection (it rejected a request)")
+            data += chunk
+        return bytes(data)
+
+    def send(self, command: int, payload: bytes = b"") -> None:
+        """Send a request without waiting (what an unanswered command is)."""
+        self.sock.sendall(request_frame(command, payload))
+
+    def call(self, command: int, payload: bytes = b"") -> bytes:
+        """Send a request and return its answer's payload (None-answer commands: use send)."""
+        size = reply_size(command, payload)
+        if size is None:
+            raise ValueError("%s has no answer: use send()" % command_name(command))
+        self.send(command, payload)
+        return self._reply(size)
+
+    def alloc_tensor(self, nbytes: int, device: int = 0) -> bytes:
+        """Allocate a buffer of ``nbytes`` on ``device``; an rpc_tensor (F32, 1-D) spanning it."""
+        ptr, size = struct.unpack("<QQ", self.call(Cmd.ALLOC_BUFFER, struct.pack("<IQ", device, nbytes)))
+        if not ptr or size < nbytes:
+            raise rpc_proto.RPCProtocolError(self.endpoint, "could not allocate %d bytes" % nbytes)
+        (base,) = struct.unpack("<Q", self.call(Cmd.BUFFER_GET_BASE, struct.pack("<Q", ptr)))
+        n = nbytes // 4
+        return RPC_TENSOR.pack(1, 0, ptr, n, 1, 1, 1, 4, 4 * n, 4 * n, 4 * n, 0, *([0] * 16), 0,
+                               *([0] * 10), 0, 0, base, b"llamafleet-probe", 0)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> RpcClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _probe(client: RpcClient, command: int) -> Callable[[], object]:
+    """One exchange that contains ``command`` and ends in an answer, so its round trip shows the delay."""
+    alignment = struct.pack("<I", 0)
+
+    def then_answered(send: Callable[[], None]) -> Callable[[], object]:
+        return lambda: (send(), client.call(Cmd.GET_ALIGNMENT, alignment))
+
+    if command in (Cmd.GRAPH_COMPUTE, Cmd.GRAPH_RECOMPUTE):
+        # An empty graph on device 0 (device, n_nodes 0, n_tensors 0); RECOMPUTE re-runs the stored one.
+        graph = struct.pack("<III", 0, 0, 0)
+        client.send(Cmd.GRAPH_COMPUTE, graph)
+        client.call(Cmd.GET_ALIGNMENT, alignment)
+        payload = graph if command == Cmd.GRAPH_COMPUTE else alignment
+        return then_answered(lambda: client.send(command, payload))
+    if command in (Cmd.GET_TENSOR, Cmd.SET_TENSOR):
+        tensor = client.alloc_tensor(PROBE_BYTES)
+        if command == Cmd.GET_TENSOR:
+            request = GET_TENSOR_REQ.pack(tensor, 0, PROBE_BYTES)
+            return lambda: client.call(Cmd.GET_TENSOR, request)
+        data = tensor + struct.pack("<BQ", 0, 0) + bytes(PROBE_BYTES)  # cache flag 0, offset 0, data
+        return then_answered(lambda: client.send(Cmd.SET_TENSOR, data))
+    if command in (Cmd.GET_ALIGNMENT, Cmd.GET_MAX_SIZE, Cmd.GET_DEVICE_MEMORY, Cmd.DEVICE_COUNT):
+        payload = b"" if command == Cmd.DEVICE_COUNT else alignment  # device 0
+        return lambda: client.call(command, payload)
+    raise ValueError("no probe for %s" % command_name(command))
+
+
+def measure_round_trip(host: str, port: int, command: int = Cmd.GRAPH_COMPUTE, samples: int = 20,
+                       timeout: float = 10.0, clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """Seconds of ``samples`` round trips of an exchange holding ``command``, on one fresh connection.
+
+    GRAPH_COMPUTE / GRAPH_RECOMPUTE (an empty graph) and SET_TENSOR have no
+    answer: each is followed by GET_ALIGNMENT, whose answer comes back once the
+    server has taken the command. GET_TENSOR reads 4 KiB of a buffer allocated for
+    the purpose. Through a proxy minus straight to the server (or armed minus
+    disarmed), the medians differ by the delay the proxy adds.
+    """
+    with RpcClient(host, port, timeout) as client:
+        exchange = _probe(client, command)
+        out = []
+        for _ in range(samples):
+            start = clock()
+            exchange()
+            out.append(clock() - start)
+        return out
+
+
+def added_delay_ms(baseline: list[float], delayed: list[float]) -> float:
+    """Median round trip with the delay minus without it, in milliseconds."""
+    return 1000.0 * (statistics.median(delayed) - statistics.median(baseline))
+
+
+# --- command line ---------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m llamafleet.bench.rpcproxy",
+        description="Relay llama.cpp RPC to an rpc-server, adding a delay to chosen commands once armed "
+                    "(SIGUSR1 arms, SIGUSR2 disarms, SIGHUP writes the stats file).")
+    parser.add_argument("--listen", required=True, help="HOST:PORT to accept llama-server's connection on")
+    parser.add_argument("--upstream", required=True, help="HOST:PORT of the rpc-server")
+    parser.add_argument("--delay-ms", type=float, required=True,
+                        help="added round-trip time per delayed command (2 x a one-way link latency)")
+    parser.add_argument("--mode", choices=sorted(MODES), required=True,
+                        help="compute: GRAPH_COMPUTE/RECOMPUTE; transfer: also GET/SET_TENSOR; all: every command")
+    parser.add_argument("--armed", action="store_true", help="delay from the start (default: wait for SIGUSR1)")
+    parser.add_argument("--stats", type=Path, help="JSON file for the counters (rewritten atomically)")
+    parser.add_argument("--stats-interval", type=float, default=1.0, help="seconds between stats writes (1)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the proxy until SIGTERM or SIGINT; 2 for bad arguments, 1 when it cannot listen."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+
+    def log(line: str) -> None:
+        sys.stderr.write("rpcproxy %s -> %s: %s\n" % (args.listen, args.upstream, line))
+        sys.stderr.flush()
+
+    try:
+        if not (math.isfinite(args.stats_interval) and args.stats_interval > 0):
+            raise ValueError("--stats-interval must be a number of seconds above 0")
+        proxy = RpcProxy(parse_address(args.listen, "--listen"), parse_address(args.upstream, "--upstream"),
+                         args.delay_ms, args.mode, armed=args.armed, log=log)
+    except ValueError as exc:
+        parser.error(str(exc))
+    except OSError as exc:
+        log(str(exc))
+        return 1
+    control_loop(proxy, args.stats, args.stats_interval)
+    return 0
+
+
+def control_loop(proxy: RpcProxy, stats_path: Path | None, interval: float) -> None:
+    """Serve with the signal controls installed until SIGTERM/SIGINT (main thread only)."""
+    wake = threading.Event()
+    pending: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        pending.append(signum)
+        wake.set()
+
+    for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
+    proxy.start()
+    proxy.log("listening on %s, %s, delay %.1f ms, mode %s" % (
+        rpc_proto.format_endpoint(*proxy.address), "armed" if proxy.armed else "disarmed",
+        proxy.delay_s * 1000, proxy.mode))
+    written, stop = -1, False
+    while not stop:
+        wake.wait(interval)
+        wake.clear()
+        force = bool(pending)
+        while pending:
+            signum = pending.pop(0)
+            if signum in (signal.SIGUSR1, signal.SIGUSR2):
+                proxy.arm(signum == signal.SIGUSR1)
+            elif signum in (signal.SIGTERM, signal.SIGINT):
+                stop = True
+        if stats_path is not None and (force or proxy.stats.version != written):
+            written = proxy.stats.version
+            write_json_atomic(stats_path, proxy.describe())
+    proxy.close()
+    proxy.log("stopped")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
