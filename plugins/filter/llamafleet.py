@@ -8,7 +8,7 @@
 - ``rpc_server_endpoints``: those units and the worker's devices -> the endpoints the orchestrator plans with.
 - ``llamacpp_build_identity``: build settings and host facts -> ``{id, label, cmake}``.
 
-(``rpc_server_argv`` and ``systemd_exec`` live in unit_argv.py.)
+(``rpc_server_argv`` and ``rpc_server_unit`` live in unit_argv.py.)
 """
 
 from __future__ import annotations

@@ -1,17 +1,14 @@
 # -*- coding: utf-8 -*-
 # Copyright: llamafleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters that render rpc-server's argv, systemd ExecStart lines and rpc-server's unit (thin wrappers over module_utils)."""
+"""Filters that render rpc-server's argv and its systemd unit (thin wrappers over module_utils)."""
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.llamafleet.cluster.plugins.module_utils.llama_flags import FlagError, render_rpc_server_argv
-from ansible_collections.llamafleet.cluster.plugins.module_utils.systemd_unit import (
-    render_rpc_server_unit,
-    systemd_exec,
-)
+from ansible_collections.llamafleet.cluster.plugins.module_utils.systemd_unit import render_rpc_server_unit
 
 
 def rpc_server_argv(llamacpp, host, port, threads=0, devices=None, cache=True):
@@ -32,14 +29,6 @@ def rpc_server_argv(llamacpp, host, port, threads=0, devices=None, cache=True):
         raise AnsibleFilterError("rpc_server_argv: %s" % exc) from exc
 
 
-def systemd_exec_line(argv):
-    """An argv list quoted for a systemd ExecStart= line."""
-    try:
-        return systemd_exec([str(a) for a in argv])
-    except (TypeError, ValueError) as exc:
-        raise AnsibleFilterError("systemd_exec: %s" % exc) from exc
-
-
 def rpc_server_unit(argv, llamacpp, port, user, home, firewall=True, header=""):
     """The systemd unit text of one rpc-server running ``argv`` (from ``rpc_server_argv``) of the
     ``llamacpp_build_info`` build, with that build's backend's device policy."""
@@ -55,5 +44,4 @@ class FilterModule:
     """llamafleet argv and unit filters."""
 
     def filters(self):
-        return {"rpc_server_argv": rpc_server_argv, "systemd_exec": systemd_exec_line,
-                "rpc_server_unit": rpc_server_unit}
+        return {"rpc_server_argv": rpc_server_argv, "rpc_server_unit": rpc_server_unit}

@@ -56,9 +56,3 @@ def test_rpc_server_unit_errors(build: dict, message: str) -> None:
 def test_rpc_server_argv_errors() -> None:
     with pytest.raises(AnsibleFilterError, match="rpc_server_argv: 'rpc_server'"):
         FILTERS["rpc_server_argv"]({"bin_dir": "/x"}, host="10.0.0.1", port=50052)
-
-
-def test_systemd_exec_filter() -> None:
-    assert FILTERS["systemd_exec"](["/bin/x", "-p", 50052]) == "/bin/x \\\n    -p 50052"
-    with pytest.raises(AnsibleFilterError, match="systemd_exec: ExecStart needs an absolute path"):
-        FILTERS["systemd_exec"](["x"])
