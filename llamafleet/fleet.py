@@ -6,11 +6,29 @@ result, so the CLI sees exactly the hosts and addresses the playbooks see.
 
 Commands run on every host at once; results and errors are collected per host
 (like fabric's ``GroupResult``) instead of stopping at the first unreachable host.
+
+SSH checks host keys as OpenSSH with the inventory's arguments would, and never adds one:
+the known_hosts files are the inventory's ``UserKnownHostsFile`` (from ``ansible_ssh_common_args``
+or ``ansible_ssh_extra_args``; several paths, ``~`` and ``%d``/``%u``/``%h``/``%p``/``%r`` expanded)
+or, when it names none, ``~/.ssh/known_hosts`` and ``~/.ssh/known_hosts2``, plus
+``GlobalKnownHostsFile`` (default ``/etc/ssh/ssh_known_hosts`` and ``ssh_known_hosts2``).  Plain,
+hashed (``|1|...``) and ``[host]:port`` entries match; wildcard patterns, ``@cert-authority`` and
+``@revoked`` lines are not understood (paramiko skips them).  An unknown or changed key is a
+``HostKeyError`` that names the host, the key seen, the files read and what to do.  The inventory's
+``StrictHostKeyChecking=no`` is not honoured: only ``LLAMAFLEET_SSH_INSECURE=1`` (or
+``fabric_connection(..., insecure=True)``) skips the check, with a warning on stderr per connection.
+
+Commands run as the connecting user, or through ``sudo`` when the inventory asks Ansible to
+become another user (``ansible_become``, ``ansible_become_user``, ``ansible_become_method=sudo``,
+``ansible_become_password`` / ``ansible_become_pass``), as the playbooks' tasks do.
 """
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -27,6 +45,17 @@ from .errors import UserError
 # The most SSH sessions open at once.
 MAX_PARALLEL = 16
 
+# ``LLAMAFLEET_SSH_INSECURE=1`` accepts any host key (with a warning); the inventory cannot ask for that.
+INSECURE_ENV = "LLAMAFLEET_SSH_INSECURE"
+# What OpenSSH reads when the ssh arguments name no known_hosts file.
+USER_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
+GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
+TRUE_WORDS = ("yes", "on", "true", "1", "y", "t")
+
+
+class HostKeyError(UserError):
+    """A host whose SSH host key is not in the known_hosts files, or differs from the one there."""
+
 
 @dataclass
 class Host:
@@ -35,7 +64,11 @@ class Host:
     user: str = "root"
     port: int = 22
     key_file: str | None = None
-    known_hosts: str | None = None
+    # The inventory's UserKnownHostsFile and GlobalKnownHostsFile, as written (unexpanded); empty: ssh's defaults.
+    known_hosts: tuple[str, ...] = ()
+    global_known_hosts: tuple[str, ...] = ()
+    # Whether the ssh arguments say StrictHostKeyChecking=no/off (not honoured; named in the error).
+    strict_off: bool = False
     vars: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -101,6 +134,7 @@ def tool(name: str) -> str:
 
 
 def _ssh_option(args: str, option: str) -> str | None:
+    """The value of ``-o option=value`` (or ``-o "option value"``) in ssh arguments; the first wins, as in ssh."""
     words = shlex.split(args or "")
     for i, word in enumerate(words):
         value = None
@@ -108,8 +142,103 @@ def _ssh_option(args: str, option: str) -> str | None:
             value = words[i + 1]
         elif word.startswith("-o"):
             value = word[2:]
-        if value and value.split("=", 1)[0].strip().lower() == option.lower() and "=" in value:
-            return value.split("=", 1)[1].strip()
+        parts = re.split(r"\s*=\s*|\s+", value.strip(), maxsplit=1) if value else []
+        if len(parts) == 2 and parts[0].lower() == option.lower():
+            return parts[1].strip()
+    return None
+
+
+def expand_known_hosts(paths: Iterable[str], host: Host) -> list[Path]:
+    """known_hosts paths with ``~`` and ssh's ``%%``, ``%d``, ``%u``, ``%h``, ``%p``, ``%r`` tokens expanded."""
+    tokens = {"%": "%", "d": str(Path.home()), "u": getpass.getuser(), "h": host.address, "p": str(host.port),
+              "r": host.user}
+    out = []
+    for path in paths:
+        path = re.sub(r"%(.)", lambda m: tokens.get(m.group(1), m.group(0)), path)
+        out.append(Path(os.path.expanduser(path)))
+    return out
+
+
+def known_hosts_files(host: Host) -> list[Path]:
+    """The known_hosts files ssh reads for ``host``: the inventory's or the user's, then the global ones."""
+    return expand_known_hosts([*(host.known_hosts or USER_KNOWN_HOSTS),
+                               *(host.global_known_hosts or GLOBAL_KNOWN_HOSTS)], host)
+
+
+def known_hosts_name(host: Host) -> str:
+    """The name of ``host`` in known_hosts: the address, or ``[address]:port`` off port 22."""
+    return host.address if host.port == 22 else f"[{host.address}]:{host.port}"
+
+
+def _fingerprint(key: Any) -> str:
+    return f"{key.get_name()} {key.fingerprint}"
+
+
+def _files_read(files: Iterable[Path]) -> str:
+    return ", ".join(f"{f}" if f.is_file() else f"{f} (missing)" for f in files)
+
+
+def unknown_key_message(host: Host, key: Any, files: list[Path]) -> str:
+    """What to say when ``host`` presents ``key`` and no known_hosts file knows the host."""
+    where = f"{host.name} ({host.address} port {host.port})"
+    insecure = (f" The inventory's StrictHostKeyChecking=no is not honoured by llamafleet; {INSECURE_ENV}=1 skips "
+                "the check (not recommended)." if host.strict_off else "")
+    return (f"{where}: unknown SSH host key {_fingerprint(key)}; known_hosts files read: {_files_read(files)}. "
+            f"Check the fingerprint with the host's administrator, then either add it to your known_hosts: "
+            f"`ssh-keyscan -p {host.port} {host.address} >> ~/.ssh/known_hosts` (or ssh -p {host.port} "
+            f"{host.user}@{host.address} once by hand), or pin it in the inventory: "
+            f"ansible_ssh_common_args='-o UserKnownHostsFile=/path/to/known_hosts'.{insecure}")
+
+
+def changed_key_message(host: Host, seen: Any, expected: Any, files: list[Path]) -> str:
+    """What to say when ``host`` presents ``seen`` and known_hosts holds ``expected`` for it."""
+    return (f"{host.name} ({host.address} port {host.port}): the SSH host key has CHANGED: the host presents "
+            f"{_fingerprint(seen)}, known_hosts has {_fingerprint(expected)} (files read: {_files_read(files)}). "
+            "Someone may be intercepting the connection, or the host was reinstalled. If the change is expected, "
+            f"remove the old entry (`ssh-keygen -R '{known_hosts_name(host)}' -f FILE`) and add the new key "
+            f"(`ssh-keyscan -p {host.port} {host.address}`), or pin it in the inventory's UserKnownHostsFile.")
+
+
+def insecure_requested(insecure: bool | None = None) -> bool:
+    """``insecure`` when given, else whether ``LLAMAFLEET_SSH_INSECURE`` is set to a true word."""
+    if insecure is not None:
+        return insecure
+    return os.environ.get(INSECURE_ENV, "").strip().lower() in TRUE_WORDS
+
+
+def _truthy(value: Any) -> bool:
+    """An inventory boolean as Ansible reads it (``true``, ``yes``, ``1``, ``on``...)."""
+    return value if isinstance(value, bool) else str(value).strip().lower() in TRUE_WORDS
+
+
+def become_user(host: Host) -> str | None:
+    """The user ``sudo`` runs commands as on ``host``, or None when the inventory asks for no become.
+
+    As in Ansible: ``ansible_become`` turns it on, ``ansible_become_user`` (default root) is the target,
+    and connecting as the target user needs no sudo.  Only ``ansible_become_method=sudo`` is supported.
+    """
+    if not _truthy(host.var("ansible_become", False)):
+        return None
+    user = str(host.var("ansible_become_user", "root"))
+    if user == host.user:
+        return None
+    method = str(host.var("ansible_become_method", "sudo"))
+    if method != "sudo":
+        raise UserError(f"{host.name}: ansible_become_method={method}: the llamafleet CLI becomes {user} with sudo "
+                        "only: set ansible_become_method=sudo or ansible_user=root for this host")
+    return user
+
+
+def become_password(host: Host) -> str | None:
+    """``ansible_become_password`` (or ``ansible_become_pass``) as written in the inventory, or None."""
+    for name in ("ansible_become_password", "ansible_become_pass"):
+        value = host.var(name)
+        if value is None:
+            continue
+        if not isinstance(value, (str, int)):
+            raise UserError(f"{host.name}: {name} is not a plain string (a vault-encrypted value?): the CLI reads "
+                            "inventory values as written: use NOPASSWD sudo for the CLI, or a plain value")
+        return str(value)
     return None
 
 
@@ -129,30 +258,76 @@ def group_members(data: dict[str, Any], group: str, seen: set[str] | None = None
 def host_from_vars(name: str, hostvars: dict[str, Any]) -> Host:
     """A Host from its inventory variables (connection settings as Ansible reads them)."""
     ssh_args = " ".join(str(hostvars.get(k, "")) for k in ("ansible_ssh_common_args", "ansible_ssh_extra_args"))
+    strict = (_ssh_option(ssh_args, "StrictHostKeyChecking") or "").lower()
     return Host(
         name=name,
         address=str(hostvars.get("ansible_host", name)),
         user=str(hostvars.get("ansible_user", "root")),
         port=int(hostvars.get("ansible_port", 22)),
         key_file=hostvars.get("ansible_ssh_private_key_file"),
-        known_hosts=_ssh_option(ssh_args, "UserKnownHostsFile"),
+        known_hosts=tuple((_ssh_option(ssh_args, "UserKnownHostsFile") or "").split()),
+        global_known_hosts=tuple((_ssh_option(ssh_args, "GlobalKnownHostsFile") or "").split()),
+        strict_off=strict in ("no", "off", "false"),
         vars=hostvars,
     )
 
 
-def fabric_connection(host: Host, timeout: float = 10.0) -> Any:
-    """A fabric Connection that pins host keys when the inventory names a known_hosts file."""
-    from fabric import Connection  # imported late: the CLI's --help must not need it
-    from paramiko import RejectPolicy
+class _RejectUnknown:
+    """paramiko's missing-host-key policy: a HostKeyError that says what to do (or, insecure, a warning)."""
 
-    connect_kwargs: dict[str, Any] = {"timeout": timeout, "banner_timeout": timeout}
+    def __init__(self, host: Host, files: list[Path], insecure: bool):
+        self.host, self.files, self.insecure = host, files, insecure
+
+    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+        if not self.insecure:
+            raise HostKeyError(unknown_key_message(self.host, key, self.files))
+        print(f"llamafleet: WARNING: {self.host.name} ({self.host.address} port {self.host.port}): host key "
+              f"{_fingerprint(key)} NOT checked ({INSECURE_ENV}=1)", file=sys.stderr)
+
+
+def fabric_connection(host: Host, timeout: float = 10.0, insecure: bool | None = None) -> Any:
+    """An open fabric Connection to ``host`` whose host key is in the known_hosts files ssh would read.
+
+    Nothing is ever added to a known_hosts file.  ``insecure`` (default: ``LLAMAFLEET_SSH_INSECURE``)
+    accepts any key with a warning.  Raises HostKeyError for an unknown or changed key.
+    """
+    from fabric import Connection  # imported late: the CLI's --help must not need it
+    from paramiko import BadHostKeyException
+
+    connect_kwargs: dict[str, Any] = {"timeout": timeout, "banner_timeout": timeout, "auth_timeout": timeout}
     if host.key_file:
         connect_kwargs["key_filename"] = str(host.key_file)
     conn = Connection(host.address, user=host.user, port=host.port, connect_kwargs=connect_kwargs)
-    if host.known_hosts:
-        conn.client.load_host_keys(host.known_hosts)
-        conn.client.set_missing_host_key_policy(RejectPolicy())
+    files = known_hosts_files(host)
+    skip = insecure_requested(insecure)
+    if not skip:
+        known = conn.client.get_host_keys()  # checked by paramiko; never saved (no file name is set)
+        for path in files:
+            if path.is_file():
+                known.load(str(path))
+    conn.client.set_missing_host_key_policy(_RejectUnknown(host, files, skip))
+    try:
+        conn.open()
+    except BadHostKeyException as exc:
+        conn.close()
+        raise HostKeyError(changed_key_message(host, exc.key, exc.expected_key, files)) from None
+    except BaseException:
+        conn.close()
+        raise
     return conn
+
+
+def _execute(conn: Any, host: Host, line: str, timeout: float) -> Any:
+    """Run ``line`` on ``conn``: as the connecting user, or through sudo when the inventory asks to become."""
+    options = {"hide": True, "warn": True, "timeout": timeout, "in_stream": False}
+    user = become_user(host)
+    if user is None:
+        return conn.run(line, **options)
+    password = become_password(host)
+    wrapped = f"sh -c {shlex.quote(line)}"
+    if password is None:  # -n: fail at once ("a password is required") rather than wait for one
+        return conn.run(f"sudo -n -H -u {shlex.quote(user)} -- {wrapped}", **options)
+    return conn.sudo(wrapped, user=shlex.quote(user), password=password, **options)
 
 
 class Fleet:
@@ -231,7 +406,7 @@ class Fleet:
             try:
                 line = command(host) if callable(command) else command
                 with self.connect(host, 10.0) as conn:
-                    res = conn.run(line, hide=True, warn=True, timeout=timeout, in_stream=False)
+                    res = _execute(conn, host, line, timeout)
                 return RunResult(host.name, res.exited == 0, res.stdout, res.stderr, res.exited)
             except Exception as exc:  # noqa: BLE001 - every failure is reported per host
                 return RunResult(host.name, False, error=f"{type(exc).__name__}: {exc}")

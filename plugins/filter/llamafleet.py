@@ -6,7 +6,8 @@
 - ``elect_orchestrator``: ``[{host, devices}]`` or ``{host: devices}`` -> the host with the most GPU memory.
 - ``rpc_server_instances``: a worker's devices and port -> its rpc-server units ``[{unit, devices, port}]``.
 - ``rpc_server_endpoints``: those units and the worker's devices -> the endpoints the orchestrator plans with.
-- ``llamacpp_build_identity``: build settings and host facts -> ``{id, label, cmake}``.
+- ``llamacpp_build_identity``: build settings and host facts -> ``{id, label, cmake, source}``.
+- ``llamacpp_cluster_source_mismatch``: ``{host: source}`` -> an error naming the hosts of each source, or ``""``.
 
 (``rpc_server_argv`` and ``rpc_server_unit`` live in unit_argv.py.)
 """
@@ -18,6 +19,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.llamafleet.cluster.plugins.module_utils.llamacpp_build import (
     BuildSettingsError,
     build_identity,
+    cluster_source_mismatch,
 )
 from ansible_collections.llamafleet.cluster.plugins.module_utils.rpc_workers import (
     WorkerError,
@@ -59,6 +61,14 @@ def llamafleet_build_identity(settings, facts, recipe):
         raise AnsibleFilterError("llamacpp_build_identity: %s" % exc) from exc
 
 
+def llamafleet_cluster_source_mismatch(sources):
+    """``{host: source}`` -> why the hosts cannot form one cluster, or ``""`` (see module_utils/llamacpp_build.py)."""
+    try:
+        return cluster_source_mismatch(dict(sources)) or ""
+    except (TypeError, ValueError) as exc:
+        raise AnsibleFilterError("llamacpp_cluster_source_mismatch: %s" % exc) from exc
+
+
 class FilterModule:
     """llamafleet filters."""
 
@@ -68,4 +78,5 @@ class FilterModule:
             "rpc_server_instances": llamafleet_rpc_server_instances,
             "rpc_server_endpoints": llamafleet_rpc_server_endpoints,
             "llamacpp_build_identity": llamafleet_build_identity,
+            "llamacpp_cluster_source_mismatch": llamafleet_cluster_source_mismatch,
         }

@@ -18,6 +18,12 @@ from __future__ import annotations
 GROUP_FLEET = "llamafleet"
 GROUP_ORCHESTRATOR = "llamafleet_orchestrator"
 GROUP_WORKERS = "llamafleet_workers"
+# Groups that choose a backend: a host in llamafleet_backend_<backend> (say llamafleet_backend_cuda,
+# whose group_vars set llamacpp_build_backend: cuda) builds for that backend; at most one per host.
+GROUP_BACKEND_PREFIX = "llamafleet_backend_"
+# Why a macOS host is refused (roles' preflight, module_utils/backend_checks.py, systemd_unit.py).
+MACOS_UNSUPPORTED = ("macOS hosts are not supported as workers or orchestrator in this release: the rpc_server and "
+                     "llama_server roles render systemd units and nftables rules, which are Linux only")
 
 # systemd units.
 LLAMA_SERVER_UNIT = "llamafleet-llama-server.service"
@@ -25,10 +31,16 @@ RPC_SERVER_UNIT = "llamafleet-rpc-server.service"
 # One rpc-server per device: the device's ggml name, lower-cased, goes in the middle.
 RPC_SERVER_DEVICE_UNIT = "llamafleet-rpc-server-%s.service"
 RPC_FIREWALL_UNIT = "llamafleet-rpc-firewall.service"
+# playbooks/bench.yml: one transient latency proxy (llamafleet/bench/rpcproxy.py) per worker
+# endpoint, numbered from 0, and the runtime folder on the orchestrator that holds them.
+BENCH_PROXY_UNIT = "llamafleet-bench-proxy-%d.service"
+BENCH_RUN_DIR = "/run/llamafleet-bench"
 
 # Ports (role defaults llama_server_port and rpc_server_port).
 LLAMA_SERVER_PORT = 8080
 RPC_SERVER_PORT = 50052
+# bench.yml's first proxy port on the orchestrator's loopback (role default bench_proxy_port).
+BENCH_PROXY_PORT = 50300
 
 # Service users and their homes (role defaults).
 LLAMA_SERVER_USER = "llamafleet"
@@ -41,7 +53,8 @@ RPC_CACHE_SUBDIR = "cache"
 # Where builds are installed: <root>/<build id>/bin, and <root>/current -> the build in use.
 LLAMACPP_ROOT = "/opt/llamafleet/llama.cpp"
 MODEL_DIR = "/var/lib/llamafleet/models"
-# llama.cpp backends the llamacpp_build role can compile for (role default llamacpp_build_backend: cpu).
+# llama.cpp backends the llamacpp_build role knows (role default llamacpp_build_backend: cpu); its preflight
+# refuses metal (macOS, see MACOS_UNSUPPORTED).
 LLAMACPP_BACKENDS = ("cpu", "cuda", "vulkan", "metal", "rocm")
 
 # Files the roles write and the CLI reads.

@@ -4,7 +4,7 @@
 """Pure parsers of the tools that report accelerators and memory on a host.
 
 Each parser takes the text a tool printed (nvidia-smi, rocm-smi, amd-smi,
-vulkaninfo, sysctl on macOS, /proc/meminfo, rpc-server's device listing) and
+vulkaninfo, /proc/meminfo, rpc-server's device listing) and
 returns a list of device dicts (see ``gpu_devices``). Nothing here runs a
 command or touches the host: ``gpu_probe`` decides which commands to run and
 the ``gpu_facts`` module runs them; these functions only read their output,
@@ -326,62 +326,6 @@ def merge_vulkan(summary: list[dict[str, Any]], heaps: list[dict[str, Any]]) -> 
             dev["source"] = "vulkaninfo"
         merged.append(dev)
     return merged
-
-
-# ---------------------------------------------------------------------------
-# Apple silicon (Metal): sysctl hw.memsize [+ iogpu.wired_limit_mb]
-# ---------------------------------------------------------------------------
-
-METAL_SMALL_LIMIT_MIB = 32 * 1024
-
-
-def metal_working_set_mib(memsize_bytes: int, wired_limit_mib: int = 0) -> int:
-    """Estimate Metal's ``recommendedMaxWorkingSetSize`` for a Mac with ``memsize_bytes`` of RAM.
-
-    llama.cpp's Metal device reports that value as its total (and, on an idle
-    GPU, its free) memory. macOS does not expose it to the shell, so the rule
-    used here matches the figures llama.cpp logs on Apple silicon: two thirds of
-    unified memory up to 32 GiB, three quarters above (e.g. 16 GiB -> 10922 MiB,
-    64 GiB -> 49152 MiB). When the administrator raised the GPU wired limit
-    (``sysctl iogpu.wired_limit_mb``, macOS 14+) that limit is used instead.
-    The authoritative figure is the one the built rpc-server lists
-    (:func:`parse_ggml_device_lines` of ``rpc-server -d <unknown>``, which
-    ``gpu_probe`` runs when given the binary).
-    """
-    if wired_limit_mib > 0:
-        return wired_limit_mib
-    total_mib = memsize_bytes // MIB
-    if total_mib <= METAL_SMALL_LIMIT_MIB:
-        return total_mib * 2 // 3
-    return total_mib * 3 // 4
-
-
-def _sysctl_int(text: str, oid: str, expected: str) -> int:
-    """The integer ``sysctl -n <oid>`` printed."""
-    try:
-        return int(text.strip())
-    except ValueError:
-        raise ParseError("sysctl %s printed %r, expected %s" % (oid, text.strip(), expected)) from None
-
-
-def parse_metal(memsize_text: str, wired_limit_text: str | None = None,
-                chip_name: str | None = None) -> list[dict[str, Any]]:
-    """Parse ``sysctl -n hw.memsize`` (and ``sysctl -n iogpu.wired_limit_mb``) into the MTL0 device."""
-    memsize = _sysctl_int(memsize_text, "hw.memsize", "a byte count")
-    wired = 0
-    if wired_limit_text is not None and wired_limit_text.strip():
-        wired = _sysctl_int(wired_limit_text, "iogpu.wired_limit_mb", "MiB")
-    working_set = metal_working_set_mib(memsize, wired)
-    name = (chip_name or "").strip() or "Apple GPU"
-    # llama.cpp's Metal device is of type GPU, not IGPU, so it is not "integrated" for device ordering.
-    return [new_device("metal", 0, name, working_set, working_set, "sysctl hw.memsize", integrated=False,
-                       unified_memory_mib=memsize // MIB)]
-
-
-def parse_darwin_memsize(memsize_text: str) -> list[dict[str, Any]]:
-    """Parse ``sysctl -n hw.memsize`` into the CPU device of a Mac (no free figure: macOS has no MemAvailable)."""
-    total = _sysctl_int(memsize_text, "hw.memsize", "a byte count") // MIB
-    return [new_device("cpu", 0, "CPU", total, None, "sysctl hw.memsize")]
 
 
 # ---------------------------------------------------------------------------

@@ -28,23 +28,30 @@ from .gpu_parsers import (
     merge_vulkan,
     parse_amd_smi_json,
     parse_cpuinfo_model,
-    parse_darwin_memsize,
     parse_ggml_device_lines,
     parse_meminfo,
-    parse_metal,
     parse_nvidia_smi_csv,
     parse_rocm_smi_json,
     parse_vulkaninfo_heaps,
     parse_vulkaninfo_summary,
 )
 
-PROBE_BACKENDS = ("cuda", "rocm", "vulkan", "metal", "cpu")
+PROBE_BACKENDS = ("cuda", "rocm", "vulkan", "cpu")
 RPC_PROBE_DEVICE = "__llamafleet_probe__"
 
 # (typing.List/Tuple/Optional: these aliases are evaluated at import, also on older target Pythons)
 Runner = Callable[[List[str]], Tuple[int, str, str]]   # argv -> (rc, stdout, stderr)
 Which = Callable[[str], Optional[str]]                 # tool name -> path, or None when missing
 ReadText = Callable[[str], Optional[str]]              # file path -> text, or None when unreadable
+
+
+def read_text_file(path: str) -> str | None:
+    """A file's text (undecodable bytes replaced), or None when it cannot be read: a real host's ReadText."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None
 
 
 class _Probe:
@@ -87,16 +94,16 @@ class _Probe:
             return []
 
 
-def collect_devices(run: Runner, which: Which, read_text: ReadText, system: str = "Linux",
+def collect_devices(run: Runner, which: Which, read_text: ReadText,
                     backends: Sequence[str] | None = None, rpc_server: str | None = None) -> dict[str, Any]:
     """Probe a host's devices with whatever tools it has.
 
     ``run(argv) -> (rc, stdout, stderr)`` runs a command, ``which(name)``
     returns a tool's path or None, ``read_text(path)`` a file's text or None;
     the Ansible module passes real ones, tests pass recordings. ``backends``
-    limits the probes (default: all that make sense on ``system``). A missing
-    tool is normal (no such GPU); a tool that fails or prints something
-    unreadable is an error in ``errors``.
+    limits the probes (default: all; Linux only, macOS hosts are refused in
+    preflight). A missing tool is normal (no such GPU); a tool that fails or
+    prints something unreadable is an error in ``errors``.
 
     With ``rpc_server`` (path to the built rpc-server), it is started with a
     device name that does not exist, which makes it list llama.cpp's own view
@@ -106,8 +113,7 @@ def collect_devices(run: Runner, which: Which, read_text: ReadText, system: str 
 
     Returns ``{"devices", "rpc_devices", "backend", "tools", "warnings", "errors"}``.
     """
-    default = ("metal", "cpu") if system == "Darwin" else ("cuda", "rocm", "vulkan", "cpu")
-    wanted = list(default if not backends or list(backends) == ["auto"] else backends)
+    wanted = list(PROBE_BACKENDS if not backends or list(backends) == ["auto"] else backends)
     unknown = [b for b in wanted if b not in PROBE_BACKENDS]
     if unknown:
         raise ParseError("unknown backends %s; choose from auto, %s" % (", ".join(unknown), ", ".join(PROBE_BACKENDS)))
@@ -135,14 +141,8 @@ def collect_devices(run: Runner, which: Which, read_text: ReadText, system: str 
                 if full is not None:
                     found = merge_vulkan(found, parse_vulkaninfo_heaps(full))
             probe.devices += found
-    if "metal" in wanted and system == "Darwin":
-        memsize = probe.tool("sysctl", ["-n", "hw.memsize"])
-        if memsize is not None:
-            wired = probe.tool("sysctl", ["-n", "iogpu.wired_limit_mb"], optional=True)
-            chip = probe.tool("sysctl", ["-n", "machdep.cpu.brand_string"], optional=True)
-            probe.devices += probe.parse("sysctl", parse_metal, memsize, wired, chip)
     if "cpu" in wanted:
-        probe.devices += _cpu_device(probe, system)
+        probe.devices += _cpu_device(probe)
 
     for dev in probe.devices:
         if "ggml_name" not in dev and dev["backend"] in GGML_PREFIX:
@@ -157,16 +157,13 @@ def collect_devices(run: Runner, which: Which, read_text: ReadText, system: str 
             for dev in rpc_devices:
                 if dev["backend"] == "cpu" and cpu:
                     dev["free_mib"] = cpu[0]["free_mib"]
-                    dev["source"] = "rpc-server + /proc/meminfo" if system != "Darwin" else dev["source"]
+                    dev["source"] = "rpc-server + /proc/meminfo"
             backend = preferred_backend(rpc_devices)
     return {"devices": probe.devices, "rpc_devices": rpc_devices, "backend": backend, "tools": probe.tools,
             "warnings": probe.warnings, "errors": probe.errors}
 
 
-def _cpu_device(probe: _Probe, system: str) -> list[dict[str, Any]]:
-    if system == "Darwin":
-        out = probe.tool("sysctl", ["-n", "hw.memsize"])
-        return [] if out is None else probe.parse("sysctl", parse_darwin_memsize, out)
+def _cpu_device(probe: _Probe) -> list[dict[str, Any]]:
     meminfo = probe.read_text("/proc/meminfo")
     if meminfo is None:
         probe.errors.append("/proc/meminfo is not readable")

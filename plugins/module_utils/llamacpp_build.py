@@ -109,6 +109,38 @@ def source_id(settings: Mapping[str, Any]) -> str:
     return "%s/%s" % (s["archive_sha256"], s["archive_subdir"])
 
 
+def cluster_source(settings: Mapping[str, Any]) -> str:
+    """The llama.cpp source that must be the same on every host of a cluster (the RPC protocol comes with it).
+
+    The git commit (whatever the repository: a mirror holds the same commit), or the archive's
+    sha256 and subdirectory.  Backend, OS and CPU may differ between hosts; the source may not.
+    """
+    s = _settings(settings)
+    if s["source_type"] == "git":
+        return "git commit %s" % s["git_version"]
+    return "archive sha256 %s%s" % (s["archive_sha256"], " subdir %s" % s["archive_subdir"] if s["archive_subdir"] else "")
+
+
+def cluster_source_mismatch(sources: Mapping[str, str]) -> str | None:
+    """None when every host has the same ``cluster_source``, else an error naming each source and its hosts.
+
+    ``sources`` maps a host name to its ``cluster_source``.  llama.cpp RPC has no compatibility
+    between builds of different sources, so a cluster runs one source or does not start.
+    """
+    hosts_of: dict[str, list[str]] = {}
+    for host, source in sorted(sources.items()):
+        hosts_of.setdefault(str(source), []).append(host)
+    if len(hosts_of) <= 1:
+        return None
+    ranked = sorted(hosts_of.items(), key=lambda item: (-len(item[1]), item[0]))
+    which = "; ".join("%s on %s" % (source, ", ".join(hosts)) for source, hosts in ranked)
+    return ("the hosts would run different llama.cpp sources (%s): llama.cpp RPC needs one build of one source on "
+            "every host of the cluster. Give every host the same llamacpp_build_source_type and "
+            "llamacpp_build_git_version (git) or llamacpp_build_archive_url, llamacpp_build_archive_sha256 and "
+            "llamacpp_build_archive_subdir (archive): set them for the whole fleet (group_vars/all), not per host "
+            "or group, and upgrade all hosts at once." % which)
+
+
 def cpu_model(facts: Mapping[str, Any]) -> str:
     """The CPU model from Ansible's facts (the last entry of ``processor``), or ``""``."""
     processor = facts.get("processor") or []
@@ -155,9 +187,11 @@ def cmake_args(settings: Mapping[str, Any]) -> list[str]:
 
 
 def build_identity(settings: Mapping[str, Any], facts: Mapping[str, Any], recipe: int) -> dict[str, Any]:
-    """``{id, label, cmake}``: the build id, the llama.cpp version label and the CMake arguments."""
+    """``{id, label, cmake, source}``: the build id, the llama.cpp version label, the CMake arguments and
+    the ``cluster_source`` that every host of the cluster must share."""
     label = version_label(settings)
     material = json.dumps(key_material(settings, facts, recipe))
     digest = hashlib.sha256(material.encode("utf-8")).hexdigest()
     backend = _settings(settings)["backend"]
-    return {"id": "%s-%s-%s" % (label[:12], backend, digest[:10]), "label": label, "cmake": cmake_args(settings)}
+    return {"id": "%s-%s-%s" % (label[:12], backend, digest[:10]), "label": label, "cmake": cmake_args(settings),
+            "source": cluster_source(settings)}

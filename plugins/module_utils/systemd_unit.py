@@ -25,7 +25,7 @@ its GPUs are reachable whatever the driver names its nodes or loads them
 (an allow-list of device groups is resolved when the unit starts, before
 ``nvidia-uvm`` may have been loaded). File permissions still apply: the
 roles put the service users in ``video`` and ``render`` for ``/dev/dri`` and
-``/dev/kfd``. Metal builds run on macOS, which has no systemd.
+``/dev/kfd``. Metal builds run on macOS, which has no systemd (and is not supported).
 
 Stdlib only; shared by the Ansible modules and ``llamafleet.core.systemd_unit``.
 """
@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 from typing import Mapping, Sequence
 
-from .constants import RPC_CACHE_SUBDIR, RPC_FIREWALL_UNIT, RPC_SERVER_HOME, RPC_SERVER_USER
+from .constants import MACOS_UNSUPPORTED, RPC_CACHE_SUBDIR, RPC_FIREWALL_UNIT, RPC_SERVER_HOME, RPC_SERVER_USER
 from .llama_flags import FlagError
 
 
@@ -66,8 +66,8 @@ def device_policy(backend: str | None) -> list[str]:
     says so in a comment. ``metal`` and unknown backends raise UnitError.
     """
     if backend == "metal":
-        raise UnitError("backend 'metal' builds run on macOS, which has no systemd: there is no unit to render "
-                        "(run rpc-server/llama-server there with launchd)")
+        raise UnitError("backend 'metal' builds run on macOS, which has no systemd: there is no unit to render; "
+                        + MACOS_UNSUPPORTED)
     if backend is not None and backend not in BACKEND_DEVICE_NODES:
         raise UnitError("backend %r has no systemd device policy; expected one of %s"
                         % (backend, ", ".join(sorted(BACKEND_DEVICE_NODES))))

@@ -11,9 +11,9 @@ module: gpu_facts
 short_description: Detect a host's GPUs and memory for llama.cpp split planning
 version_added: "0.1.0"
 description:
-  - Runs the device tools the host has (C(nvidia-smi), C(amd-smi) or C(rocm-smi), C(vulkaninfo),
-    C(sysctl) on macOS) and reads C(/proc/meminfo), and returns one device list with total and
-    free memory in MiB.
+  - Runs the device tools the host has (C(nvidia-smi), C(amd-smi) or C(rocm-smi), C(vulkaninfo))
+    and reads C(/proc/meminfo), and returns one device list with total and free memory in MiB.
+  - Linux only (macOS hosts are not supported as workers or orchestrator in this release).
   - A missing tool is not an error (the host simply has no such GPU). A tool that fails or prints
     something unreadable is reported in RV(errors) and as a warning, or fails the task with O(strict).
   - Inventory overrides win over detected figures, for hosts whose tools report nothing useful
@@ -28,8 +28,7 @@ extends_documentation_fragment:
 options:
   backends:
     description:
-      - Which backends to probe. V(auto) probes C(cuda), C(rocm), C(vulkan) and C(cpu) on Linux,
-        C(metal) and C(cpu) on macOS.
+      - Which backends to probe. V(auto) probes C(cuda), C(rocm), C(vulkan) and C(cpu).
     type: list
     elements: str
     default: [auto]
@@ -74,8 +73,6 @@ options:
     type: bool
     default: false
 notes:
-  - On Apple silicon the Metal working-set size is estimated from C(hw.memsize) (two thirds up to
-    32 GiB, three quarters above, or C(iogpu.wired_limit_mb) when set); O(rpc_server) gives the exact figure.
   - llama.cpp's CPU device reports the machine's total RAM as free. The CPU entry here uses
     C(MemAvailable) instead.
   - C(nvidia-smi) numbers GPUs in PCI bus order, CUDA (and so llama.cpp's C(CUDA0), C(CUDA1)) fastest first
@@ -119,7 +116,7 @@ rpc_devices:
   type: list
   elements: dict
 backend:
-  description: The GPU backend to build for (V(cuda), V(rocm), V(metal), V(vulkan)), or V(cpu).
+  description: The GPU backend to build for (V(cuda), V(rocm), V(vulkan)), or V(cpu).
   returned: always
   type: str
   sample: cuda
@@ -152,7 +149,6 @@ ansible_facts:
 """
 
 import os
-import platform
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_devices import (
@@ -160,7 +156,7 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_devices imp
     apply_overrides,
     unmatched_overrides,
 )
-from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_probe import collect_devices
+from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_probe import collect_devices, read_text_file
 
 PROBE_TIMEOUT_S = 60
 
@@ -177,21 +173,11 @@ def run_module(module: AnsibleModule) -> dict:
             err = "timed out after %d s" % PROBE_TIMEOUT_S
         return rc, out, err
 
-    def which(name: str):
-        return module.get_bin_path(name)
-
-    def read_text(path: str):
-        try:
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                return handle.read()
-        except OSError:
-            return None
-
     if params["rpc_server"] and not os.access(params["rpc_server"], os.X_OK):
         module.fail_json(msg="rpc_server %s is not an executable file" % params["rpc_server"])
     try:
-        found = collect_devices(run, which, read_text, system=platform.system(),
-                                backends=params["backends"], rpc_server=params["rpc_server"])
+        found = collect_devices(run, module.get_bin_path, read_text_file, backends=params["backends"],
+                                rpc_server=params["rpc_server"])
         overrides = [{k: v for k, v in o.items() if v is not None} for o in params["overrides"]]
         devices = apply_overrides(found["devices"], overrides, params["cpu_reserve_mib"], require_match=False)
         rpc_devices = apply_overrides(found["rpc_devices"], overrides, params["cpu_reserve_mib"], require_match=False)

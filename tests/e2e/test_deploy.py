@@ -16,6 +16,7 @@ import yaml
 
 from llamafleet.cluster import Endpoint, read_plan, server_log
 from llamafleet.core.log_parse import buffers_by_device, compare_with_plan, layer_ranges, parse_load_log
+from llamafleet.lab.artifacts import LLAMA_CPP_ARCHIVE_SUBDIR
 from tests.helpers import INVENTORY, REPO, playbook
 
 def main_pids(fleet) -> dict[str, str]:
@@ -110,6 +111,16 @@ BAD_INPUT = [
                  "llamacpp_build_archive_url", id="unreachable-source"),
     pytest.param(["-e", "model_name=other", "-e", "model_free_margin_mib=100000000"], "GiB free", id="too-little-disk"),
     pytest.param(["-e", "llama_server_port=22"], "llama_server_port 22 is already taken", id="port-taken"),
+    # module_utils/backend_checks.py, before the Vulkan header check; the lab hosts have no GPU, driver or loader
+    pytest.param(["-e", "llamacpp_build_backend=vulkan"], "llamacpp_build_backend=vulkan needs a Vulkan loader",
+                 id="vulkan-without-loader"),
+    pytest.param(["-e", "llamacpp_build_backend=cuda"], "llamacpp_build_backend=cuda needs the NVIDIA driver",
+                 id="cuda-without-driver"),
+    pytest.param(["-e", "llamacpp_build_backend=metal"],
+                 "llamacpp_build_backend=metal builds for macOS: macOS hosts are not supported", id="metal-on-linux"),
+    # a second inventory source gives lab2 alone another archive: preflight names both sources and their hosts
+    pytest.param(["-i", str(REPO / "tests" / "e2e" / "mixed_build_lab2.yml")],
+                 "archive sha256 " + "1" * 64 + " subdir " + LLAMA_CPP_ARCHIVE_SUBDIR + " on lab2", id="mixed-build"),
 ]
 
 

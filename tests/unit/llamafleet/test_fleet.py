@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import shlex
+import socket
+import subprocess
 import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from llamafleet.core import constants
 from llamafleet.errors import UserError
-from llamafleet.fleet import Fleet, GroupResult, Host, RunResult, _ssh_option, group_members, tool
+from llamafleet.fleet import (Fleet, GroupResult, Host, RunResult, _ssh_option, group_members, known_hosts_files,
+                              tool)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -29,7 +35,9 @@ def test_recorded_lab_inventory_hosts_and_connection_settings(lab_inventory):
     lab2 = fleet.hosts["lab2"]
     assert (lab2.address, lab2.user, lab2.port) == ("10.77.0.12", "root", 22)
     assert lab2.key_file == "/var/cache/llamafleet/lab/id_ed25519"
-    assert lab2.known_hosts == "/var/cache/llamafleet/lab/known_hosts"
+    assert lab2.known_hosts == ("/var/cache/llamafleet/lab/known_hosts",)
+    assert [str(p) for p in known_hosts_files(lab2)][0] == "/var/cache/llamafleet/lab/known_hosts"
+    assert not lab2.strict_off
     assert lab2.cluster_address == "10.77.0.12"
     assert fleet.groups[constants.GROUP_FLEET] == ["lab1", "lab2", "lab3"]
 
@@ -202,3 +210,212 @@ def test_run_one_returns_stdout_or_names_the_host(connector):
     with pytest.raises(UserError, match=r"^a: reading the answer: boom$"):
         fleet.run_one("fail", fleet.hosts["a"], what="reading the answer")
 
+
+
+# SSH against a real server: host keys and become
+
+class SSHServer:
+    """An SSH server on 127.0.0.1 (paramiko) that runs each exec request with this machine's ``sh``.
+
+    It accepts the client key ``client_key`` only.  A ``sudo -n ... -- sh -c LINE`` request runs LINE;
+    a fabric ``sudo -S -p PROMPT ... sh -c LINE`` request prints PROMPT (stderr) and runs LINE only when the line
+    read back is ``sudo_password`` (else says ``Sorry, try again.``).  ``commands`` records what came.
+    """
+
+    def __init__(self, host_key, client_key, sudo_password: str = ""):
+        import paramiko
+
+        self.host_key, self.client_key, self.sudo_password = host_key, client_key, sudo_password
+        self.commands: list[str] = []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.1)
+        self.port = self.sock.getsockname()[1]
+        self.stop = threading.Event()
+        self.paramiko = paramiko
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self.session, args=(client,), daemon=True).start()
+
+    def session(self, client: socket.socket) -> None:
+        paramiko, server = self.paramiko, self
+        exec_event, requested = threading.Event(), []
+
+        class Interface(paramiko.ServerInterface):
+            def get_allowed_auths(self, username):
+                return "publickey"
+
+            def check_auth_publickey(self, username, key):
+                return paramiko.AUTH_SUCCESSFUL if key == server.client_key else paramiko.AUTH_FAILED
+
+            def check_channel_request(self, kind, chanid):
+                return paramiko.OPEN_SUCCEEDED if kind == "session" else paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
+
+            def check_channel_exec_request(self, channel, command):
+                requested.append(command.decode())
+                exec_event.set()
+                return True
+
+        transport = paramiko.Transport(client)
+        transport.add_server_key(self.host_key)
+        try:
+            transport.start_server(server=Interface())
+            channel = transport.accept(5)
+            if channel is None or not exec_event.wait(5):
+                return
+            self.commands.append(requested[0])
+            rc, out, err = self.answer(channel, requested[0])
+            channel.sendall(out.encode())
+            channel.sendall_stderr(err.encode())
+            channel.send_exit_status(rc)
+            channel.close()
+        except (EOFError, OSError, paramiko.SSHException):
+            pass
+        finally:
+            time.sleep(0.05)
+            transport.close()
+
+    def answer(self, channel, command: str) -> tuple[int, str, str]:
+        argv = shlex.split(command)
+        if argv[:1] == ["sudo"]:
+            if "-S" in argv:
+                channel.sendall_stderr(argv[argv.index("-p") + 1].encode())  # sudo -S prompts on stderr
+                typed = b""
+                while not typed.endswith(b"\n"):
+                    typed += channel.recv(1)
+                if typed.decode().rstrip("\n") != self.sudo_password:
+                    return 1, "", "Sorry, try again.\n"
+            argv = argv[argv.index("sh"):]
+        proc = subprocess.run(argv if argv[0] == "sh" else ["sh", "-c", command], capture_output=True, text=True,
+                              timeout=10, check=False)
+        return proc.returncode, proc.stdout, proc.stderr
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+        self.thread.join(2)
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    """Two host keys (the server's and another of the same type) and a client key with its file."""
+    paramiko = pytest.importorskip("paramiko")
+    client = paramiko.ECDSAKey.generate()
+    key_file = tmp_path_factory.mktemp("ssh") / "id_ecdsa"
+    client.write_private_key_file(str(key_file))
+    return SimpleNamespace(host=paramiko.ECDSAKey.generate(), other=paramiko.ECDSAKey.generate(),
+                           client=client, client_file=str(key_file))
+
+
+@pytest.fixture
+def ssh(keys, closing, tmp_path, monkeypatch):
+    """``ssh(known_hosts_lines, **host_vars)``: a Fleet of one host, ``h``, served by an SSHServer.
+
+    The known_hosts lines are written to a file the inventory names; HOME points at an empty
+    directory so that the user's own known_hosts files play no part.
+    """
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("LLAMAFLEET_SSH_INSECURE", raising=False)
+
+    def make(lines, sudo_password="", user="root", **hostvars):
+        server = closing(SSHServer(keys.host, keys.client, sudo_password))
+        known = tmp_path / "known_hosts"
+        known.write_text("".join(f"{line}\n" for line in lines(server.port)), encoding="utf-8")
+        hostvars = {"ansible_host": "127.0.0.1", "ansible_port": server.port, "ansible_user": user,
+                    "ansible_ssh_private_key_file": keys.client_file,
+                    "ansible_ssh_common_args": f"-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes",
+                    **hostvars}
+        return SimpleNamespace(fleet=fleet_of({"g": ["h"]}, {"h": hostvars}), server=server, known=known)
+
+    return make
+
+
+def entry(name: str, key) -> str:
+    return f"{name} {key.get_name()} {key.get_base64()}"
+
+
+def test_a_known_host_key_is_accepted(ssh, keys):
+    s = ssh(lambda port: [entry("[127.0.0.2]:1", keys.other), entry(f"[127.0.0.1]:{port}", keys.host)])
+    res = s.fleet.run("echo $((6 * 7))", timeout=10)["h"]
+    assert (res.ok, res.stdout, res.error) == (True, "42\n", None)
+    assert s.server.commands == ["echo $((6 * 7))"]
+
+
+def test_a_hashed_known_hosts_entry_is_accepted(ssh, keys):
+    from paramiko import HostKeys
+
+    s = ssh(lambda port: [entry(HostKeys.hash_host(f"[127.0.0.1]:{port}"), keys.host)])
+    assert s.known.read_text().startswith("|1|")
+    assert s.fleet.run("echo ok", timeout=10)["h"].stdout == "ok\n"
+
+
+def test_an_unknown_host_key_is_refused_and_the_message_says_what_to_do(ssh, keys):
+    s = ssh(lambda port: [entry("127.0.0.1", keys.host), entry(f"[127.0.0.1]:{port + 1}", keys.host)])
+    res = s.fleet.run("echo ok", timeout=10)["h"]
+    port = s.server.port
+    assert not res.ok and res.error.startswith(f"HostKeyError: h (127.0.0.1 port {port}): unknown SSH host key "
+                                               f"{keys.host.get_name()} {keys.host.fingerprint}; ")
+    assert f"known_hosts files read: {s.known}, /etc/ssh/ssh_known_hosts" in res.error
+    assert f"ssh-keyscan -p {port} 127.0.0.1 >> ~/.ssh/known_hosts" in res.error
+    assert "UserKnownHostsFile" in res.error and "StrictHostKeyChecking" not in res.error
+    assert s.server.commands == []  # nothing ran
+    assert s.known.read_text().count("\n") == 2  # and nothing was added
+
+
+def test_a_changed_host_key_is_refused(ssh, keys):
+    s = ssh(lambda port: [entry(f"[127.0.0.1]:{port}", keys.other)])
+    res = s.fleet.run("echo ok", timeout=10)["h"]
+    assert not res.ok and "the SSH host key has CHANGED" in res.error
+    assert f"presents {keys.host.get_name()} {keys.host.fingerprint}, known_hosts has " \
+           f"{keys.other.get_name()} {keys.other.fingerprint}" in res.error
+    assert f"ssh-keygen -R '[127.0.0.1]:{s.server.port}'" in res.error
+    assert s.server.commands == []
+
+
+def test_the_inventory_cannot_turn_checking_off_but_the_environment_can(ssh, keys, monkeypatch, capsys):
+    s = ssh(lambda port: [], ansible_ssh_common_args="-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null")
+    res = s.fleet.run("echo ok", timeout=10)["h"]
+    assert not res.ok and "unknown SSH host key" in res.error
+    assert "StrictHostKeyChecking=no is not honoured" in res.error and "/dev/null" in res.error
+    monkeypatch.setenv("LLAMAFLEET_SSH_INSECURE", "1")
+    assert s.fleet.run("echo ok", timeout=10)["h"].stdout == "ok\n"
+    assert f"host key {keys.host.get_name()} {keys.host.fingerprint} NOT checked" in capsys.readouterr().err
+
+
+def test_the_users_known_hosts_serves_when_the_inventory_names_none(ssh, keys, tmp_path):
+    s = ssh(lambda port: [], ansible_ssh_common_args="")
+    (tmp_path / "home" / ".ssh").mkdir(parents=True)
+    (tmp_path / "home" / ".ssh" / "known_hosts").write_text(entry(f"[127.0.0.1]:{s.server.port}", keys.host) + "\n")
+    assert s.fleet.run("echo ok", timeout=10)["h"].stdout == "ok\n"
+
+
+@pytest.mark.parametrize(
+    ("hostvars", "password", "ran", "outcome"),
+    [
+        ({}, "", "id -u", "ok"),
+        ({"ansible_become": True}, "", "id -u", "ok"),  # root needs no sudo to become root
+        ({"ansible_become": "yes"}, "", "sudo -n -H -u root -- sh -c 'id -u'", "ok"),
+        ({"ansible_become": "true", "ansible_become_password": "pw"}, "pw",
+         "sudo -S -p '[sudo] password: ' -H -u root sh -c 'id -u'", "ok"),
+        ({"ansible_become": True, "ansible_become_pass": "wrong"}, "pw",
+         "sudo -S -p '[sudo] password: ' -H -u root sh -c 'id -u'", "AuthFailure"),
+        ({"ansible_become": True, "ansible_become_user": "deploy"}, "", "id -u", "ok"),  # already that user
+        ({"ansible_become": False, "ansible_become_password": "pw"}, "", "id -u", "ok"),
+        ({"ansible_become": True, "ansible_become_method": "su"}, "", None, "ansible_become_method=su"),
+    ],
+)
+def test_become_from_the_inventory_runs_commands_through_sudo(ssh, keys, hostvars, password, ran, outcome):
+    s = ssh(lambda port: [entry(f"[127.0.0.1]:{port}", keys.host)], sudo_password=password,
+            user="root" if hostvars.get("ansible_become") is True and len(hostvars) == 1 else "deploy", **hostvars)
+    res = s.fleet.run("id -u", timeout=10)["h"]
+    assert s.server.commands == ([ran] if ran else [])
+    if outcome == "ok":
+        assert res.ok and res.stdout.strip().isdigit()
+    else:
+        assert not res.ok and outcome in res.error

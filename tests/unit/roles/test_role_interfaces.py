@@ -21,8 +21,9 @@ ROLES = REPO / "roles"
 PUBLIC = sorted(p.name for p in ROLES.iterdir() if (p / "tasks" / "main.yml").is_file() and not p.name.startswith("_"))
 # Each role's output fact.
 OUTPUTS = {"llamacpp_build": "llamacpp_build_info", "model": "model_info", "rpc_server": "rpc_server_endpoints"}
-# Cross-role reads outside defaults: llama_server collects the workers' endpoints from its workers group.
-ALLOWED = {("llama_server", "rpc_server_endpoints")}
+# Cross-role reads outside defaults: llama_server collects the workers' endpoints from its workers group;
+# bench saves them, points them at its latency proxies for llama_server, and gives them back.
+ALLOWED = {("llama_server", "rpc_server_endpoints"), ("bench", "rpc_server_endpoints")}
 
 
 def _load(path: Path):
@@ -38,7 +39,7 @@ def _role_files(role: str) -> list[Path]:
 
 
 def test_the_public_roles() -> None:
-    assert PUBLIC == ["llama_server", "llamacpp_build", "model", "rpc_server"]
+    assert PUBLIC == ["bench", "llama_server", "llamacpp_build", "model", "rpc_server"]
 
 
 # Task keywords whose values are bare Jinja expressions.
@@ -133,7 +134,9 @@ def _common_includes() -> list[tuple[str, dict]]:
 
 def test_both_service_roles_use_common() -> None:
     assert sorted(where.split("/")[0] + " " + where.rsplit(" ", 1)[1] for where, _task in _common_includes()) == [
-        "llama_server port_check", "llama_server user", "rpc_server port_check", "rpc_server user"]
+        "llama_server port_check", "llama_server supported_system", "llama_server user",
+        "llamacpp_build supported_system",
+        "rpc_server port_check", "rpc_server supported_system", "rpc_server user"]
 
 
 @pytest.mark.parametrize(("where", "task"), _common_includes(), ids=lambda v: v if isinstance(v, str) else "")
@@ -154,9 +157,13 @@ def test_deploy_runs_every_preflight_then_records_it() -> None:
     play = next(p for p in plays if any("_llamafleet_preflight_done" in (t.get("ansible.builtin.set_fact") or {})
                                         for t in p.get("tasks", [])))
     tasks = play["tasks"]
-    roles = [t["ansible.builtin.include_role"]["name"].rsplit(".", 1)[1] for t in tasks[:-1]]
+    includes = [t for t in tasks if "ansible.builtin.include_role" in t]
+    roles = [t["ansible.builtin.include_role"]["name"].rsplit(".", 1)[1] for t in includes]
     assert sorted(roles) == PUBLIC and all(t["ansible.builtin.include_role"]["tasks_from"] == "preflight"
-                                           for t in tasks[:-1])
+                                           for t in includes)
+    # then the checks across hosts (run once, on what every host's preflight computed), then the record
+    across = tasks[len(includes):-1]
+    assert tasks[:len(includes)] == includes and across and all(t.get("run_once") for t in across)
     assert tasks[-1]["ansible.builtin.set_fact"] == {"_llamafleet_preflight_done": True}
     # ...before any play that applies a role
     assert plays.index(play) < min(i for i, p in enumerate(plays) if p.get("roles"))

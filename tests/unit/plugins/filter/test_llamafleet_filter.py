@@ -23,7 +23,7 @@ FACTS = {"distribution": "Debian", "distribution_major_version": "12", "architec
 
 def test_the_filters() -> None:
     assert set(FILTERS) == {"elect_orchestrator", "rpc_server_instances", "rpc_server_endpoints",
-                            "llamacpp_build_identity"}
+                            "llamacpp_build_identity", "llamacpp_cluster_source_mismatch"}
 
 
 def test_elect_orchestrator() -> None:
@@ -62,3 +62,14 @@ def test_build_identity() -> None:
     identity = FILTERS["llamacpp_build_identity"](settings, FACTS, 2)
     assert identity["id"].startswith("aaaaaaaaaaaa-cpu-") and len(identity["id"]) == len("aaaaaaaaaaaa-cpu-") + 10
     assert identity["label"] == "a" * 40 and "-DGGML_RPC=ON" in identity["cmake"]
+
+
+def test_cluster_source_mismatch() -> None:
+    settings = {"source_type": "git", "git_repo": "https://example.invalid/llama.cpp.git", "git_version": "a" * 40}
+    source = FILTERS["llamacpp_build_identity"](settings, FACTS, 2)["source"]
+    other = FILTERS["llamacpp_build_identity"](dict(settings, git_version="b" * 40), FACTS, 2)["source"]
+    assert FILTERS["llamacpp_cluster_source_mismatch"]({"lab1": source, "lab2": source}) == ""
+    message = FILTERS["llamacpp_cluster_source_mismatch"]({"lab1": source, "lab2": other})
+    assert "git commit %s on lab1; git commit %s on lab2" % ("a" * 40, "b" * 40) in message
+    with pytest.raises(AnsibleFilterError, match="llamacpp_cluster_source_mismatch: "):
+        FILTERS["llamacpp_cluster_source_mismatch"](["lab1"])

@@ -10,12 +10,9 @@ import pytest
 from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_devices import ParseError
 from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_parsers import (
     merge_vulkan,
-    metal_working_set_mib,
     parse_amd_smi_json,
-    parse_darwin_memsize,
     parse_ggml_device_lines,
     parse_meminfo,
-    parse_metal,
     parse_nvidia_smi_csv,
     parse_rocm_smi_json,
     parse_vulkaninfo_heaps,
@@ -154,36 +151,7 @@ def test_vulkaninfo_heaps_with_budget_and_merge() -> None:
     assert merged[1]["total_mib"] is None  # no heap block for GPU1 in the excerpt
 
 
-# --- Metal, CPU ---------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("memsize_gib, wired, expected", [
-    (8, 0, 5461),
-    (16, 0, 10922),
-    (32, 0, 21845),
-    (64, 0, 49152),
-    (192, 0, 147456),
-    (64, 57344, 57344),
-])
-def test_metal_working_set_rule(memsize_gib: int, wired: int, expected: int) -> None:
-    assert metal_working_set_mib(memsize_gib * 2**30, wired) == expected
-
-
-def test_parse_metal() -> None:
-    (dev,) = parse_metal("34359738368\n", "0\n", "Apple M2 Pro\n")
-    assert (dev["backend"], dev["name"], dev["total_mib"], dev["free_mib"]) == ("metal", "Apple M2 Pro", 21845, 21845)
-    assert dev["integrated"] is False  # llama.cpp types Metal a GPU, so it is ordered like a discrete one
-    assert dev["unified_memory_mib"] == 32768
-    with pytest.raises(ParseError, match="byte count"):
-        parse_metal("sysctl: unknown oid 'hw.memsize'")
-
-
-def test_parse_darwin_memsize() -> None:
-    (dev,) = parse_darwin_memsize("68719476736\n")
-    assert (dev["backend"], dev["total_mib"], dev["free_mib"], dev["source"]) == ("cpu", 65536, None,
-                                                                                  "sysctl hw.memsize")
-    with pytest.raises(ParseError, match="sysctl hw.memsize printed 'n/a', expected a byte count"):
-        parse_darwin_memsize("n/a\n")
-
+# --- CPU -----------------------------------------------------------------------------------------
 
 def test_meminfo_real() -> None:
     dev = parse_meminfo(fixture("proc_meminfo_debian12_real.txt"), name="AMD EPYC")

@@ -86,14 +86,13 @@ def test_collect_amd_smi_wins_over_rocm_smi() -> None:
     assert all(call[0].endswith("amd-smi") for call in host.calls)
 
 
-def test_collect_metal_on_darwin() -> None:
-    host = FakeHost({"sysctl": {("-n", "hw.memsize"): (0, "68719476736\n", ""),
-                                ("-n", "iogpu.wired_limit_mb"): (1, "", "sysctl: unknown oid 'iogpu.wired_limit_mb'"),
-                                ("-n", "machdep.cpu.brand_string"): (0, "Apple M1 Max\n", "")}}, {})
-    found = collect_devices(host.run, host.which, host.read_text, system="Darwin")
-    assert [(d["ggml_name"], d["total_mib"]) for d in found["devices"]] == [("MTL0", 49152), ("CPU", 65536)]
-    assert found["backend"] == "metal" and found["errors"] == []
-    assert "iogpu.wired_limit_mb" in found["warnings"][0]
+def test_metal_is_not_probed() -> None:
+    """macOS hosts are refused in preflight, so there is no Metal probe (sysctl is never run)."""
+    host = FakeHost({"sysctl": {}}, {"/proc/meminfo": fixture("proc_meminfo_debian12_real.txt")})
+    with pytest.raises(ParseError, match="unknown backends metal"):
+        collect_devices(host.run, host.which, host.read_text, backends=["metal"])
+    found = collect_devices(host.run, host.which, host.read_text)
+    assert [d["backend"] for d in found["devices"]] == ["cpu"] and host.calls == []
 
 
 def test_collect_with_rpc_server_listing() -> None:

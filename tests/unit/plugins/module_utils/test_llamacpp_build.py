@@ -19,6 +19,8 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.llamacpp_build 
     BACKEND_CMAKE,
     BuildSettingsError,
     build_identity,
+    cluster_source,
+    cluster_source_mismatch,
     key_material,
 )
 
@@ -99,7 +101,9 @@ CASES = [
 @pytest.mark.parametrize(("settings", "facts", "recipe"), CASES)
 def test_same_as_the_former_jinja(settings: dict[str, Any], facts: dict[str, Any], recipe: int) -> None:
     full = dict(_role_defaults(), **settings)
-    assert build_identity(full, facts, recipe) == old_jinja(full, facts, recipe)
+    identity = build_identity(full, facts, recipe)
+    assert identity.pop("source") == cluster_source(full)  # new: what the cluster compares
+    assert identity == old_jinja(full, facts, recipe)
 
 
 def test_the_lab_id_is_pinned() -> None:
@@ -153,3 +157,35 @@ def test_bad_settings_name_the_variable(settings: dict[str, Any], facts: dict[st
 
 def test_every_backend_has_its_switch() -> None:
     assert tuple(BACKEND_CMAKE) == LLAMACPP_BACKENDS
+
+
+SHA_A, SHA_B = "a" * 64, "b" * 64
+
+
+@pytest.mark.parametrize(("settings", "source"), [
+    (GIT, "git commit %s" % GIT["git_version"]),
+    (dict(GIT, git_repo="https://mirror.invalid/llama.cpp.git", backend="cuda", native=False),
+     "git commit %s" % GIT["git_version"]),  # another repository, backend or CPU: the same source
+    (dict(LAB_SETTINGS, archive_sha256=SHA_A, archive_subdir="llama.cpp-x"), "archive sha256 %s subdir llama.cpp-x" % SHA_A),
+    (dict(LAB_SETTINGS, archive_sha256=SHA_A, archive_subdir=""), "archive sha256 %s" % SHA_A),
+])
+def test_cluster_source_is_the_commit_or_the_archive(settings: dict[str, Any], source: str) -> None:
+    assert cluster_source(dict(_role_defaults(), **settings)) == source
+
+
+def test_one_source_is_one_cluster() -> None:
+    assert cluster_source_mismatch({"lab1": "git commit x", "lab2": "git commit x", "lab3": "git commit x"}) is None
+    assert cluster_source_mismatch({"lab1": "git commit x"}) is None
+    assert cluster_source_mismatch({}) is None
+
+
+def test_mixed_sources_are_named_with_their_hosts_and_the_variables() -> None:
+    message = cluster_source_mismatch({"lab3": "archive sha256 " + SHA_B, "lab1": "archive sha256 " + SHA_A,
+                                       "lab2": "archive sha256 " + SHA_A, "lab4": "git commit c"})
+    assert message is not None
+    # the largest group first, then by source; hosts by name
+    assert ("(archive sha256 %s on lab1, lab2; archive sha256 %s on lab3; git commit c on lab4)" % (SHA_A, SHA_B)
+            in message)
+    for variable in ("llamacpp_build_git_version", "llamacpp_build_archive_sha256", "llamacpp_build_archive_subdir",
+                     "llamacpp_build_source_type"):
+        assert variable in message
