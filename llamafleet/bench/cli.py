@@ -1,8 +1,11 @@
-"""``llamafleet bench split|cache``: benchmarks on a deployed fleet that print their figures."""
+"""``llamafleet bench fleet|split|cache``: benchmarks on a deployed fleet that print their figures."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 from ..fleet import Fleet
@@ -11,6 +14,7 @@ from ..lab.paths import cache_root
 from .runner import write_results
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "bench-results"
+PLAYBOOK = Path(__file__).resolve().parents[2] / "playbooks" / "bench.yml"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,6 +33,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cache", help=about, description=about)
     p.add_argument("--rate", default="240mbit", help="tbf rate of each worker link (240mbit = 30 MB/s)")
     p.set_defaults(func=_cache)
+
+    about = ("playbooks/bench.yml: workers x injected latency x split policy, with a report and plots "
+             "(takes the cluster out of service while it runs, restores the deployed plan at the end)")
+    p = sub.add_parser("fleet", help=about, description=about)
+    p.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS",
+                   help="passed to ansible-playbook -e (bench_latencies_ms, bench_policies, ...: "
+                        "roles/bench/defaults/main.yml)")
+    p.set_defaults(func=_fleet)
 
     for p in sub.choices.values():
         p.add_argument("-i", "--inventory", default=str(DEFAULT_INVENTORY))
@@ -55,3 +67,16 @@ def _cache(args: argparse.Namespace) -> int:
     print(text)
     print(f"results: {write_results(Path(args.out), 'cache', rows, text)}")
     return 0
+
+
+def fleet_command(inventory: str, out: str, extra_vars: list[str]) -> list[str]:
+    """The ansible-playbook command line of ``llamafleet bench fleet``."""
+    cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", inventory, str(PLAYBOOK),
+           "-e", json.dumps({"bench_results_dir": str(Path(out).resolve())})]
+    for extra in extra_vars:
+        cmd += ["-e", extra]
+    return cmd
+
+
+def _fleet(args: argparse.Namespace) -> int:
+    return subprocess.call(fleet_command(args.inventory, args.out, args.extra_vars))

@@ -19,6 +19,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[3]
 ROLES = REPO / "roles"
 PUBLIC = sorted(p.name for p in ROLES.iterdir() if (p / "tasks" / "main.yml").is_file() and not p.name.startswith("_"))
+# The roles deploy.yml applies (bench drives llama_server from playbooks/bench.yml and checks its own input).
+DEPLOY = [r for r in PUBLIC if r != "bench"]
 # Each role's output fact.
 OUTPUTS = {"llamacpp_build": "llamacpp_build_info", "model": "model_info", "rpc_server": "rpc_server_endpoints"}
 # Cross-role reads outside defaults: llama_server collects the workers' endpoints from its workers group;
@@ -134,7 +136,7 @@ def _common_includes() -> list[tuple[str, dict]]:
 
 def test_both_service_roles_use_common() -> None:
     assert sorted(where.split("/")[0] + " " + where.rsplit(" ", 1)[1] for where, _task in _common_includes()) == [
-        "llama_server port_check", "llama_server supported_system", "llama_server user",
+        "bench port_check", "llama_server port_check", "llama_server supported_system", "llama_server user",
         "llamacpp_build supported_system",
         "rpc_server port_check", "rpc_server supported_system", "rpc_server user"]
 
@@ -145,7 +147,7 @@ def test_common_includes_pass_exactly_the_entry_points_options(where: str, task:
     assert set(task.get("vars", {})) == set(COMMON_SPECS[entry]["options"]), where
 
 
-@pytest.mark.parametrize("role", PUBLIC)
+@pytest.mark.parametrize("role", DEPLOY)
 def test_role_preflight_is_skipped_after_the_playbooks(role: str) -> None:
     main = _load(ROLES / role / "tasks" / "main.yml")
     preflight = [t for t in main if (t.get("ansible.builtin.include_tasks") or {}).get("file") == "preflight.yml"]
@@ -159,7 +161,7 @@ def test_deploy_runs_every_preflight_then_records_it() -> None:
     tasks = play["tasks"]
     includes = [t for t in tasks if "ansible.builtin.include_role" in t]
     roles = [t["ansible.builtin.include_role"]["name"].rsplit(".", 1)[1] for t in includes]
-    assert sorted(roles) == PUBLIC and all(t["ansible.builtin.include_role"]["tasks_from"] == "preflight"
+    assert sorted(roles) == DEPLOY and all(t["ansible.builtin.include_role"]["tasks_from"] == "preflight"
                                            for t in includes)
     # then the checks across hosts (run once, on what every host's preflight computed), then the record
     across = tasks[len(includes):-1]

@@ -1,0 +1,98 @@
+"""bench.yml end to end on the lab: a small matrix, its report, and the fleet left as it was found.
+
+Runs in file order against the deployed lab: bad input that fails before the cluster is
+touched, a non-lab inventory refused, then 2 worker counts × 2 latencies (1 repetition,
+short generations), every report file written, tok/s lower at the higher latency, and a
+deploy.yml re-run with changed=0 and the cluster serving.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from llamafleet.cluster import Endpoint
+from llamafleet.bench.report import PLOTS
+from tests.helpers import INVENTORY, playbook
+
+LLAMA_UNIT = "llamafleet-llama-server.service"
+SMALL = {"bench_worker_counts": [1, 2], "bench_latencies_ms": [0, 20], "bench_repetitions": 1,
+         "bench_n_predict": 16, "bench_sweep_n_predict": 8, "bench_concurrency": [1, 2]}
+
+
+def server_pid(fleet) -> dict[str, str]:
+    """llama-server's MainPID and start time on every host (a restart changes them)."""
+    res = fleet.run(f"systemctl show -p MainPID,ExecMainStartTimestampMonotonic --value {LLAMA_UNIT}")
+    return {host: r.stdout for host, r in res.items()}
+
+
+@pytest.mark.parametrize(("extra", "variable"), [
+    ({"bench_policies": ["fastest"]}, "bench_policies: unknown policy 'fastest'"),
+    ({"bench_latencies_ms": [0, -5]}, "bench_latencies_ms: -5 is below 0"),
+    ({"bench_latencies_ms": ["soon"]}, "bench_latencies_ms: 'soon' is not a number"),
+    ({"bench_worker_counts": [3]}, "bench_worker_counts: 3 workers asked, the inventory has 2"),
+    ({"bench_results_dir": "/proc/llamafleet-bench"}, "bench_results_dir: /proc/llamafleet-bench cannot be written"),
+    ({"bench_proxy_port": 22}, "bench_proxy_port 22 is already taken"),
+])
+def test_bad_input_fails_before_the_cluster_is_touched(deployed, fleet, extra: dict, variable: str) -> None:
+    before = server_pid(fleet)
+    run = playbook("bench.yml", "-e", json.dumps(extra), timeout=300)
+    assert run.rc != 0, run.output[-3000:]
+    assert variable in run.output, run.output[-3000:]
+    assert "Elect the orchestrator" not in run.output  # deploy.yml's first play never ran
+    assert server_pid(fleet) == before
+
+
+def test_an_inventory_that_is_not_the_lab_is_refused(deployed, fleet, tmp_path: Path) -> None:
+    inventory = tmp_path / "hosts.ini"
+    shutil.copy(INVENTORY, inventory)  # without group_vars/all/lab.yml: llamafleet_lab is not set
+    run = playbook("bench.yml", timeout=300, inventory=inventory)
+    assert run.rc != 0 and "bench_confirm_disruption" in run.output, run.output[-3000:]
+
+
+@pytest.fixture(scope="module")
+def bench_run(deployed, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    run = playbook("bench.yml", "-e", json.dumps({**SMALL, "bench_results_dir": str(out)}), timeout=900)
+    assert run.rc == 0, run.output[-8000:]
+    (folder,) = [p for p in out.iterdir() if p.is_dir()]
+    return run, folder
+
+
+def test_every_report_file_is_written(bench_run) -> None:
+    run, folder = bench_run
+    for name in ("results.json", "points.csv", "sweep.csv", "report.md", *PLOTS):
+        assert (folder / name).stat().st_size > 0, name
+    points = json.loads((folder / "results.json").read_text())["points"]
+    assert sorted((p["nodes"], p["latency_ms"]) for p in points) == [(1, 0), (1, 20), (2, 0), (2, 20)]
+    assert all(p["status"] == "ok" for p in points), points
+    for p in points:
+        assert p["load_s"] and p["load_s"] > 0, p
+        assert set(p["bytes_per_worker"]) == set(["lab2", "lab3"][:p["nodes"]]), p
+        assert all(b > 0 for b in p["bytes_per_worker"].values()), p
+        assert [s["clients"] for s in p["sweep"]] == [1, 2] and all(s["errors"] == 0 for s in p["sweep"]), p
+    assert "point 4/4 done" in run.output
+    assert "| nodes" in (folder / "report.md").read_text()
+
+
+def test_injected_latency_lowers_tok_s(bench_run) -> None:
+    _, folder = bench_run
+    points = json.loads((folder / "results.json").read_text())["points"]
+    for nodes in (1, 2):
+        by_latency = sorted((p["latency_ms"], p["repetitions"][0]["tok_s"]) for p in points if p["nodes"] == nodes)
+        speeds = [tok_s for _, tok_s in by_latency]
+        assert speeds == sorted(speeds, reverse=True) and speeds[0] > speeds[-1], (nodes, by_latency)
+
+
+def test_deploy_afterwards_changes_nothing_and_serves(bench_run, fleet) -> None:
+    run = playbook("deploy.yml", timeout=900)
+    assert run.rc == 0 and run.changed == 0, run.output[-5000:]
+    res = fleet.run("ls /run/llamafleet-bench 2>&1; systemctl list-units --all 'llamafleet-bench-proxy-*' --no-legend")
+    assert all("No such file" in r.stdout and "llamafleet-bench-proxy" not in r.stdout for r in res.values()), res
+    endpoint = Endpoint.of(fleet)
+    endpoint.wait_healthy(timeout=120)
+    answer = endpoint.complete("The capital of France is", n_predict=8)
+    assert answer["timings"]["predicted_n"] == 8

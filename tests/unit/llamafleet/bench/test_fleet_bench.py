@@ -1,0 +1,184 @@
+# -*- coding: utf-8 -*-
+# Copyright: llamafleet maintainers
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""bench.yml's controller driver: the checks that run before the cluster is touched, a point, the report."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llamafleet.bench import fleet_bench
+from llamafleet.bench.report import PLOTS
+
+SSE = Path(__file__).resolve().parents[2] / "fixtures" / "sse"
+COMPLETION = "completion_stream_0c1e570_gemma270m_real.txt"
+WORKERS = ["lab2", "lab3"]
+
+
+def settings(tmp_path: Path, **changes: Any) -> dict[str, Any]:
+    base = {"workers": WORKERS, "run_id": "run1", "bench_worker_counts": [], "bench_latencies_ms": [0, 5, 10, 20],
+            "bench_policies": ["balanced"], "bench_proxy_mode": "compute", "bench_repetitions": 3,
+            "bench_n_predict": 32, "bench_sweep_n_predict": 16, "bench_concurrency": [1, 4, 16],
+            "bench_proxy_port": 50300, "bench_results_dir": str(tmp_path / "results")}
+    base.update(changes)
+    return base
+
+
+def test_defaults_make_every_count_times_every_latency(tmp_path: Path) -> None:
+    out = fleet_bench.validate(settings(tmp_path))
+    assert out["errors"] == []
+    assert [(p["index"], p["nodes"], p["latency_ms"], p["workers"]) for p in out["points"]] == [
+        (1, 1, 0, ["lab2"]), (2, 1, 5, ["lab2"]), (3, 1, 10, ["lab2"]), (4, 1, 20, ["lab2"]),
+        (5, 2, 0, WORKERS), (6, 2, 5, WORKERS), (7, 2, 10, WORKERS), (8, 2, 20, WORKERS)]
+    assert out["groups"] == [{"group": "llamafleet_bench_workers_1", "workers": ["lab2"]},
+                             {"group": "llamafleet_bench_workers_2", "workers": WORKERS}]
+    assert {p["group"] for p in out["points"] if p["nodes"] == 2} == {"llamafleet_bench_workers_2"}
+    run_dir = Path(out["run_dir"])
+    assert run_dir == (tmp_path / "results" / "run1").resolve() and (run_dir / "points").is_dir()
+
+
+def test_policies_multiply_the_points(tmp_path: Path) -> None:
+    out = fleet_bench.validate(settings(tmp_path, bench_worker_counts=["2"], bench_latencies_ms=["0", 7.5],
+                                        bench_policies=["balanced", "fewest_hops"]))
+    assert [(p["policy"], p["latency_ms"]) for p in out["points"]] == [
+        ("balanced", 0.0), ("balanced", 7.5), ("fewest_hops", 0.0), ("fewest_hops", 7.5)]
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"bench_policies": ["balanced", "fastest"]}, "bench_policies: unknown policy 'fastest'"),
+    ({"bench_policies": "balanced"}, "bench_policies must be a non-empty list"),
+    ({"bench_latencies_ms": [0, -5]}, "bench_latencies_ms: -5 is below 0"),
+    ({"bench_latencies_ms": [0, "ten"]}, "bench_latencies_ms: 'ten' is not a number"),
+    ({"bench_latencies_ms": [True]}, "bench_latencies_ms: True is not a number"),
+    ({"bench_latencies_ms": [float("nan")]}, "bench_latencies_ms: nan is not a number"),
+    ({"bench_latencies_ms": [5000]}, "bench_latencies_ms: 5000 is above 1000 ms"),
+    ({"bench_latencies_ms": []}, "bench_latencies_ms must be a non-empty list"),
+    ({"bench_worker_counts": [1, 3]}, "bench_worker_counts: 3 workers asked, the inventory has 2 (lab2, lab3)"),
+    ({"bench_worker_counts": [0]}, "bench_worker_counts: 0 is below 1"),
+    ({"bench_worker_counts": [1.5]}, "bench_worker_counts: 1.5 is not a whole number"),
+    ({"bench_proxy_mode": "slow"}, "bench_proxy_mode: unknown mode 'slow'"),
+    ({"bench_repetitions": 0}, "bench_repetitions: 0 is below 1"),
+    ({"bench_n_predict": 1}, "bench_n_predict: 1 is below 2"),
+    ({"bench_concurrency": [1, 300]}, "bench_concurrency: 300 is above 256 clients"),
+    ({"bench_proxy_port": 65535}, "bench_proxy_port: 65535 + 2 workers runs past port 65535"),
+    ({"bench_results_dir": ""}, "bench_results_dir must name a folder"),
+    ({"workers": []}, "the inventory has no workers"),
+])
+def test_bad_input_names_the_variable(tmp_path: Path, changes: dict, message: str) -> None:
+    out = fleet_bench.validate(settings(tmp_path, **changes))
+    assert any(message in e for e in out["errors"]), out["errors"]
+    assert "points" not in out and not (tmp_path / "results" / "run1").exists()
+
+
+def test_unwritable_results_dir_is_refused(tmp_path: Path) -> None:
+    """/proc takes no new folders, not even from root."""
+    out = fleet_bench.validate(settings(tmp_path, bench_results_dir="/proc/llamafleet-bench"))
+    assert len(out["errors"]) == 1 and out["errors"][0].startswith("bench_results_dir: /proc/llamafleet-bench cannot")
+
+
+def test_results_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    out = fleet_bench.validate(settings(tmp_path, bench_results_dir=str(tmp_path / "file")))
+    assert len(out["errors"]) == 1 and out["errors"][0].startswith("bench_results_dir: %s cannot be written"
+                                                                     % (tmp_path / "file"))
+
+
+@pytest.mark.parametrize(("index", "total", "elapsed", "line"), [
+    (1, 8, 50, "point 1/8 done, 50s elapsed, about 5m50s left"),
+    (4, 8, 240, "point 4/8 done, 4m00s elapsed, about 4m00s left"),
+    (8, 8, 605, "point 8/8 done, 10m05s elapsed, about 0s left"),
+])
+def test_progress_line(index: int, total: int, elapsed: float, line: str) -> None:
+    assert fleet_bench.progress_line(index, total, elapsed) == line
+
+
+@pytest.mark.parametrize(("start", "line", "seconds"), [
+    ("1000000000", "[ 1004.250000] lab1 llama-server[123]: main: model loaded", 4.25),
+    ("  1000500000\n", "[1002.000000] lab1 llama-server[9]: main: model loaded", 1.5),
+    ("1000000000", "", None),
+    ("", "[ 1004.250000] x: main: model loaded", None),
+    ("0", "[ 1004.250000] x: main: model loaded", None),
+])
+def test_load_seconds_from_the_journal(start: str, line: str, seconds: float | None) -> None:
+    assert fleet_bench.load_seconds(start, line) == seconds
+
+
+def _dev(name: str, count: int, local: bool = False) -> dict:
+    return {"name": name, "local": local, "layers": {"count": count, "range": "0-%d" % count}}
+
+
+@pytest.mark.parametrize(("plan", "hops"), [
+    ({"devices": [_dev("RPC0", 18), _dev("RPC1", 1)], "excluded": []}, 2),
+    ({"devices": [_dev("RPC0", 19), _dev("RPC1", 0)]}, 1),
+    ({"devices": [_dev("RPC0", 9), _dev("RPC1", 9)], "excluded": [{"name": "RPC1"}]}, 1),
+    ({"devices": [_dev("RPC0", 9), _dev("CUDA0", 10, local=True)]}, 1),
+    ({}, None),
+])
+def test_rpc_hops(plan: dict, hops: int | None) -> None:
+    assert fleet_bench.rpc_hops(plan) == hops
+
+
+def test_bytes_per_worker_adds_a_workers_endpoints() -> None:
+    got = fleet_bench.bytes_per_worker(["lab2", "lab2", "lab3"], [{"bytes_to_upstream": 10},
+                                                                  {"bytes_to_upstream": 5}, {}])
+    assert got == {"lab2": 15, "lab3": 0}
+
+
+def _run(tmp_path: Path, **changes: Any) -> dict[str, Any]:
+    return fleet_bench.validate(settings(tmp_path, bench_worker_counts=[1, 2], bench_latencies_ms=[0, 10], **changes))
+
+
+def test_a_point_is_measured_against_a_streaming_server_and_reported(tmp_path: Path, sse_server) -> None:
+    run = _run(tmp_path)
+    server = sse_server(body=(SSE / COMPLETION).read_text(encoding="utf-8"), gap=0.001)
+    summary = fleet_bench.run_measure({
+        "run_dir": run["run_dir"], "total": 4, "point": run["points"][0], "url": server.url,
+        "repetitions": 2, "n_predict": 8, "sweep_n_predict": 4, "concurrency": [1, 2],
+        "plan": {"devices": [_dev("RPC0", 19)]},
+        "start_usec": "5000000", "loaded_line": "[ 7.500000] lab1 llama-server[1]: main: model loaded",
+        "proxy_hosts": ["lab2"], "proxy_stats": [{"bytes_to_upstream": 123456, "armed": True}]})
+    assert summary["status"] == "ok" and summary["tok_s"] > 0
+    assert summary["load_s"] == 2.5 and summary["bytes_per_worker"] == {"lab2": 123456} and summary["hops"] == 1
+    assert summary["progress"].startswith("point 1/4 done, ")
+    written = json.loads(Path(run["run_dir"], "points", "001.json").read_text())
+    assert len(written["repetitions"]) == 2 and [s["clients"] for s in written["sweep"]] == [1, 2]
+    assert len(server.requests) == 2 + 1 + 2
+    # the other points did not run: each says why
+    for point, status in zip(run["points"][1:], ["does not fit: plan", "failed: boom", "timeout"]):
+        out = fleet_bench.run_record({"run_dir": run["run_dir"], "total": 4, "point": point, "status": status})
+        assert out["status"] == (status if status != "timeout" else "failed: timeout")
+    report = fleet_bench.run_report({"run_dir": run["run_dir"]})
+    for name in ("results.json", "points.csv", "sweep.csv", "report.md", *PLOTS):
+        assert Path(report["files"][name]).stat().st_size > 0, name
+    table = "\n".join(report["table"])
+    assert "does not fit: plan" in table and "failed: boom" in table
+
+
+def test_a_point_whose_completions_fail_is_written_as_failed(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    summary = fleet_bench.run_measure({"run_dir": run["run_dir"], "total": 4, "point": run["points"][1],
+                                       "url": "http://127.0.0.1:9", "repetitions": 1, "n_predict": 4,
+                                       "concurrency": [], "timeout": 5})
+    assert summary["status"].startswith("failed: ") and summary["tok_s"] is None
+    assert json.loads(Path(run["run_dir"], "points", "002.json").read_text())["status"] == summary["status"]
+
+
+def test_main_reads_json_and_prints_json(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(settings(tmp_path, bench_policies=["x"]))))
+    assert fleet_bench.main(["validate"]) == 0
+    assert json.loads(capsys.readouterr().out)["errors"][0].startswith("bench_policies: unknown policy")
+
+
+def test_cli_runs_the_playbook_with_the_results_folder(tmp_path: Path) -> None:
+    from llamafleet.bench import cli
+
+    cmd = cli.fleet_command("inv/hosts.ini", str(tmp_path / "out"), ['{"bench_policies": ["even"]}'])
+    assert Path(cmd[0]).name == "ansible-playbook" and cmd[1:3] == ["-i", "inv/hosts.ini"]
+    assert cmd[3] == str(cli.PLAYBOOK) and cli.PLAYBOOK.is_file()
+    assert json.loads(cmd[5]) == {"bench_results_dir": str(tmp_path / "out")}
+    assert cmd[6:] == ["-e", '{"bench_policies": ["even"]}']
