@@ -12,9 +12,8 @@ from dataclasses import dataclass
 
 from .core import constants, rpc_workers
 from .errors import UserError
-from .fleet import Fleet, Host
+from .fleet import TRUE_WORDS, Fleet, Host
 
-TRUE_WORDS = frozenset({"1", "true", "yes", "on", "y", "t"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off", "n", "f", ""})
 
 
