@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -12,6 +13,7 @@ from typing import Any
 from .core import constants
 from .errors import UserError
 from .fleet import Fleet, Host
+from .layout import as_bool
 
 
 def error_message(body: bytes | str) -> str:
@@ -38,12 +40,13 @@ class Endpoint:
         return f"http://{self.address}:{self.port}"
 
     @classmethod
-    def of(cls, fleet: Fleet) -> Endpoint:
-        """The orchestrator's llama-server, where the inventory says it listens."""
+    def of(cls, fleet: Fleet, api_key: str | None = None) -> Endpoint:
+        """The orchestrator's llama-server, where the inventory says it listens, with its API key
+        (``api_key`` when given, else :func:`api_key`)."""
         orch = fleet.orchestrator
         address = str(orch.var("llama_server_bind_address", orch.cluster_address))
         port = int(orch.var("llama_server_port", constants.LLAMA_SERVER_PORT))
-        return cls(orch, address, port, str(orch.var("llama_server_api_key", "")))
+        return cls(orch, address, port, api_key_of(fleet) if api_key is None else api_key)
 
     def _open(self, path: str, payload: dict[str, Any] | None, timeout: float):
         data = json.dumps(payload).encode() if payload is not None else None
@@ -88,6 +91,29 @@ class Endpoint:
         payload = {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "top_k": 1, "cache_prompt": False}
         payload.update(extra)
         return self.request("/completion", payload)
+
+
+def api_key_of(fleet: Fleet) -> str:
+    """The key clients send, found where the deploy put it: ``$LLAMAFLEET_API_KEY``; nothing when the
+    inventory sets ``llama_server_api_auth`` false; the inventory's ``llama_server_api_key``; the controller
+    file ``llama_server_api_key_file``; else the key file on the orchestrator (read over SSH, as root)."""
+    if os.environ.get("LLAMAFLEET_API_KEY"):
+        return os.environ["LLAMAFLEET_API_KEY"]
+    orch = fleet.orchestrator
+    if not as_bool(orch.var("llama_server_api_auth", True), orch.name, "llama_server_api_auth"):
+        return ""
+    if orch.var("llama_server_api_key"):
+        return str(orch.var("llama_server_api_key")).strip()
+    if orch.var("llama_server_api_key_file"):
+        path = str(orch.var("llama_server_api_key_file"))
+        try:
+            return open(path, encoding="utf-8").read().strip()  # noqa: SIM115 - a small file read once
+        except OSError as exc:
+            raise UserError(f"{orch.name}: llama_server_api_key_file={path}: {exc.strerror}") from exc
+    text = fleet.run_one(f"cat {constants.API_KEY_PATH}", orch,
+                         what=f"cannot read the API key {constants.API_KEY_PATH} (deploy first, or set "
+                              "LLAMAFLEET_API_KEY)")
+    return text.strip()
 
 
 def read_plan(fleet: Fleet) -> dict[str, Any]:

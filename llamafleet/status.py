@@ -121,7 +121,7 @@ def fleet_status(fleet: Fleet, health_timeout: float = 2.0) -> list[dict[str, An
 def orchestrator_health(fleet: Fleet, state: str, timeout: float) -> dict[str, str]:
     """``endpoint``, and ``health`` (/health's answer) when llama-server's unit is active."""
     try:
-        endpoint = Endpoint.of(fleet)
+        endpoint = Endpoint.of(fleet, api_key="")  # /health needs no key
     except UserError as exc:
         return {"health": str(exc)}
     if state != "active":

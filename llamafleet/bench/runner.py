@@ -131,13 +131,14 @@ def restore_service(fleet: Fleet) -> None:
     orch = fleet.orchestrator
     fleet.run_one(f"systemctl stop {BENCH_UNIT}; systemctl reset-failed {BENCH_UNIT}; systemctl start {LLAMA_UNIT}",
                   orch, what=f"starting {LLAMA_UNIT} again")
-    Endpoint.of(fleet).wait_healthy(timeout=600)
+    Endpoint.of(fleet, api_key="").wait_healthy(timeout=600)
 
 
 def pause_warning(fleet: Fleet) -> str:
     """What the user must know before a benchmark takes the cluster out of service."""
     orch = fleet.orchestrator
-    return (f"warning: this benchmark stops {LLAMA_UNIT} on {orch.name} ({Endpoint.of(fleet).url}): clients get "
+    url = Endpoint.of(fleet, api_key="").url
+    return (f"warning: this benchmark stops {LLAMA_UNIT} on {orch.name} ({url}): clients get "
             "no answers until it ends; the deployed unit is started again at the end, also when it fails")
 
 

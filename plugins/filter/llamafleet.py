@@ -8,6 +8,9 @@
 - ``rpc_server_endpoints``: those units and the worker's devices -> the endpoints the orchestrator plans with.
 - ``llamacpp_build_identity``: build settings and host facts -> ``{id, label, cmake, source}``.
 - ``llamacpp_cluster_source_mismatch``: ``{host: source}`` -> an error naming the hosts of each source, or ``""``.
+- ``rpc_server_instances_problem``: the same arguments as ``rpc_server_instances`` -> why they plan no units, or ``""``.
+- ``fleet_groups_problem``, ``rpc_endpoint_clash``, ``bind_address_problem``: the inventory's shape, endpoints
+  two hosts share, an address the host does not have -> the error, or ``""`` (module_utils/fleet_checks.py).
 
 (``rpc_server_argv`` and ``rpc_server_unit`` live in unit_argv.py.)
 """
@@ -16,6 +19,11 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.llamafleet.cluster.plugins.module_utils.fleet_checks import (
+    bind_address_problem,
+    endpoint_clash,
+    fleet_groups_problem,
+)
 from ansible_collections.llamafleet.cluster.plugins.module_utils.llamacpp_build import (
     BuildSettingsError,
     build_identity,
@@ -43,6 +51,36 @@ def llamafleet_rpc_server_instances(devices, port, per_device=False):
         return rpc_server_instances([] if devices is None else devices, port, per_device=per_device)
     except (WorkerError, TypeError) as exc:
         raise AnsibleFilterError("rpc_server_instances: %s" % exc) from exc
+
+
+def llamafleet_rpc_server_instances_problem(devices, port, per_device=False):
+    """Why ``rpc_server_instances`` refuses these settings (the message names the variable), or ``""``."""
+    try:
+        rpc_server_instances([] if devices is None else devices, port, per_device=per_device)
+    except (WorkerError, TypeError) as exc:
+        return str(exc)
+    return ""
+
+
+def llamafleet_fleet_groups_problem(orchestrators, workers, orchestrator_group, workers_group):
+    """Not exactly one orchestrator, or no worker (``workers`` None: no such group) -> the error, or ``""``."""
+    return fleet_groups_problem(list(orchestrators or []), None if workers is None else list(workers),
+                                orchestrator_group, workers_group)
+
+
+def llamafleet_rpc_endpoint_clash(endpoints):
+    """``{host: ["address:port", ...]}`` -> an error naming the endpoints two hosts share, or ``""``."""
+    try:
+        return endpoint_clash(dict(endpoints))
+    except (TypeError, ValueError) as exc:
+        raise AnsibleFilterError("rpc_endpoint_clash: %s" % exc) from exc
+
+
+def llamafleet_bind_address_problem(address, variable, host_addresses, any_address_ok=True, any_address_variable="",
+                                    loopback_ok=False):
+    """Why a service cannot bind ``address`` on a host with ``host_addresses``, or ``""``."""
+    return bind_address_problem(address, variable, list(host_addresses or []), any_address_ok=bool(any_address_ok),
+                                any_address_variable=any_address_variable, loopback_ok=bool(loopback_ok))
 
 
 def llamafleet_rpc_server_endpoints(instances, rpc_devices, host, address):
@@ -76,6 +114,10 @@ class FilterModule:
         return {
             "elect_orchestrator": llamafleet_elect_orchestrator,
             "rpc_server_instances": llamafleet_rpc_server_instances,
+            "rpc_server_instances_problem": llamafleet_rpc_server_instances_problem,
+            "fleet_groups_problem": llamafleet_fleet_groups_problem,
+            "rpc_endpoint_clash": llamafleet_rpc_endpoint_clash,
+            "bind_address_problem": llamafleet_bind_address_problem,
             "rpc_server_endpoints": llamafleet_rpc_server_endpoints,
             "llamacpp_build_identity": llamafleet_build_identity,
             "llamacpp_cluster_source_mismatch": llamafleet_cluster_source_mismatch,

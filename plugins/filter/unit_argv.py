@@ -1,14 +1,18 @@
 # -*- coding: utf-8 -*-
 # Copyright: llamafleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters that render rpc-server's argv and its systemd unit (thin wrappers over module_utils)."""
+"""Filters that render rpc-server's argv and the units of rpc-server and the gate (thin wrappers over module_utils)."""
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.llamafleet.cluster.plugins.module_utils.llama_flags import FlagError, render_rpc_server_argv
-from ansible_collections.llamafleet.cluster.plugins.module_utils.systemd_unit import render_rpc_server_unit
+from ansible_collections.llamafleet.cluster.plugins.module_utils.systemd_unit import (
+    render_gate_unit,
+    render_rpc_guard_unit,
+    render_rpc_server_unit,
+)
 
 
 def rpc_server_argv(llamacpp, host, port, threads=0, devices=None, cache=True):
@@ -40,8 +44,26 @@ def rpc_server_unit(argv, llamacpp, port, user, home, firewall=True, header=""):
         raise AnsibleFilterError("rpc_server_unit: %s" % exc) from exc
 
 
+def gate_unit(user, header=""):
+    """The systemd unit text of the orchestrator's serving gate, run as ``user`` (llama-server's user)."""
+    try:
+        return render_gate_unit(user=str(user), header=str(header))
+    except (TypeError, ValueError) as exc:
+        raise AnsibleFilterError("gate_unit: %s" % exc) from exc
+
+
+def rpc_guard_unit(instances, user, stale, header=""):
+    """The systemd unit text of a worker's rpc-server guard, for the ``rpc_server_instances`` of the host."""
+    try:
+        servers = {int(item["port"]): str(item["unit"]) for item in instances}
+        return render_rpc_guard_unit(servers, stale=int(stale), user=str(user), header=str(header))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise AnsibleFilterError("rpc_guard_unit: %s" % exc) from exc
+
+
 class FilterModule:
     """llamafleet argv and unit filters."""
 
     def filters(self):
-        return {"rpc_server_argv": rpc_server_argv, "rpc_server_unit": rpc_server_unit}
+        return {"rpc_server_argv": rpc_server_argv, "rpc_server_unit": rpc_server_unit, "gate_unit": gate_unit,
+                "rpc_guard_unit": rpc_guard_unit}

@@ -31,6 +31,16 @@ RPC_SERVER_UNIT = "llamafleet-rpc-server.service"
 # One rpc-server per device: the device's ggml name, lower-cased, goes in the middle.
 RPC_SERVER_DEVICE_UNIT = "llamafleet-rpc-server-%s.service"
 RPC_FIREWALL_UNIT = "llamafleet-rpc-firewall.service"
+# The orchestrator's serving gate and watchdog (module_utils/serving_gate.py run as a script): it
+# owns the clients' port, forwards to llama-server on loopback, answers 503 at once while the
+# cluster cannot serve, and restarts llama-server when a worker link stalls.
+GATE_UNIT = "llamafleet-gate.service"
+# Each worker's guard (the same file, ``serving_gate.py guard``): restarts an rpc-server that keeps the
+# dead connection of a llama-server lost in a partition while the new one waits.
+RPC_GUARD_UNIT = "llamafleet-rpc-guard.service"
+# Its runtime folder (systemd RuntimeDirectory=) and the state file `llamafleet status` reads.
+GATE_RUNTIME_DIR = "llamafleet-gate"
+GATE_STATE_PATH = "/run/" + GATE_RUNTIME_DIR + "/state.json"
 # playbooks/bench.yml: one transient latency proxy (llamafleet/bench/rpcproxy.py) per worker
 # endpoint, numbered from 0, and the runtime folder on the orchestrator that holds them.
 BENCH_PROXY_UNIT = "llamafleet-bench-proxy-%d.service"
@@ -38,6 +48,9 @@ BENCH_RUN_DIR = "/run/llamafleet-bench"
 
 # Ports (role defaults llama_server_port and rpc_server_port).
 LLAMA_SERVER_PORT = 8080
+# llama-server itself listens on the orchestrator's loopback at this port (role default
+# llama_server_backend_port); clients reach it through the gate on LLAMA_SERVER_PORT.
+LLAMA_SERVER_BACKEND_PORT = 18080
 RPC_SERVER_PORT = 50052
 # bench.yml's first proxy port on the orchestrator's loopback (role default bench_proxy_port).
 BENCH_PROXY_PORT = 50300
@@ -62,13 +75,16 @@ SYSTEMD_DIR = "/etc/systemd/system"
 CONFIG_DIR = "/etc/llamafleet"
 # The orchestrator's last split plan (rpc_plan's result), as JSON.
 PLAN_PATH = CONFIG_DIR + "/plan.json"
-# llama-server's API key (llama_server_api_key), root:service user 0640.
+# llama-server's API key (given or generated on the first deploy), service user 0600.
 API_KEY_PATH = CONFIG_DIR + "/llama-server.key"
 # The workers' nftables rules (rpc_server_firewall).
 RPC_FIREWALL_RULES = CONFIG_DIR + "/rpc-firewall.nft"
 # The RPC HELLO client (module_utils/rpc_proto.py run as a script) and its wrapper, the
 # llama-server unit's ExecStartPre: ``llamafleet-rpc-wait [--timeout S] HOST:PORT ...``.
 LIBEXEC_DIR = "/usr/local/libexec/llamafleet"
+# The gate's configuration (JSON, written by the llama_server role) and its program.
+GATE_CONFIG_PATH = CONFIG_DIR + "/gate.json"
+GATE_SCRIPT = LIBEXEC_DIR + "/serving_gate.py"
 RPC_WAIT_HELPER = "/usr/local/libexec/llamafleet-rpc-wait"
 
 # The rpc-server binary (and its CMake target) was renamed over time; newest first.

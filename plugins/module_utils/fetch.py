@@ -10,6 +10,13 @@ so it runs on any managed host.  The Ansible module
 A file is *verified* when its sha256 matches the pinned one; ``checksum``
 remembers a verified file by a marker next to it, so a multi-gigabyte model is
 not hashed again on every run.
+
+Before anything is downloaded, :func:`check_headers` reads the start of every
+file to fetch with HTTP range requests and refuses what llama.cpp could not
+load: a page that is not a GGUF file (a login or error page served with 200),
+a file shorter than its GGUF header says (truncated at the source: a sha256
+pinned for that file does not catch it), or an architecture the planner does
+not know.
 """
 
 from __future__ import annotations
@@ -24,8 +31,24 @@ from dataclasses import dataclass, field
 from ansible.module_utils.urls import open_url
 
 from .checksum import CHUNK, sha256_file, verify_in_place, write_marker
+from .gguf import (
+    GGUF_MAGIC,
+    GGUFError,
+    GGUFFile,
+    GGUFIncomplete,
+    architecture,
+    data_end,
+    read_gguf_prefix,
+)
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(?:\d+-\d+|\*)/(\d+)\s*$", re.IGNORECASE)
+# The header check reads this much first, then doubles the range until the tensor table is
+# parsed (a 262k-token vocabulary takes about 6 MiB), up to the cap.
+HEADER_FIRST_BYTES = 1024 * 1024
+HEADER_MAX_BYTES = 64 * 1024 * 1024
+# Metadata arrays longer than this (vocabularies) are skipped, not decoded, while checking.
+_HEADER_ARRAY_LIMIT = 65536
 
 
 class FetchError(Exception):
@@ -77,6 +100,121 @@ def probe(url: str, timeout: float) -> tuple[int | None, bool]:
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise FetchError(f"{url}: unreachable ({reason})") from exc
+
+
+def content_range_total(value: str | None) -> int | None:
+    """The full size from a ``Content-Range`` header (``bytes 0-99/1234`` or ``bytes */1234``), or None."""
+    match = _CONTENT_RANGE_RE.match(value or "")
+    return int(match.group(1)) if match else None
+
+
+def describe_start(content_type: str, head: bytes) -> str:
+    """What a file that is not GGUF looks like: its media type and first bytes, e.g.
+    ``text/html, starts with '<!DOCTYPE html>'``."""
+    kind = (content_type or "").split(";")[0].strip() or "no Content-Type"
+    if not head:
+        return "%s, empty" % kind
+    first = head[:64].split(b"\n")[0].strip()
+    try:
+        text = first.decode("utf-8")
+    except UnicodeDecodeError:
+        text = ""
+    if text and text.isprintable():
+        return "%s, starts with '%s'" % (kind, text[:48])
+    return "%s, starts with bytes %s" % (kind, head[:8].hex(" "))
+
+
+def header_problem(label: str, header: GGUFFile, served: int | None) -> str:
+    """Why a parsed GGUF header cannot be the model, or ``""``.
+
+    :param label: names the file (``model_files[0]``).
+    :param served: the bytes the server has (None when it did not say).
+    """
+    needed = data_end(header)
+    if served is not None and served < needed:
+        return "%s: the server has %d bytes, the GGUF header needs %d (a truncated file?)" % (label, served, needed)
+    # The shards after the first of a split model carry no hyperparameters.
+    if not header.metadata.get("split.no"):
+        try:
+            architecture(header.metadata, label)
+        except GGUFError as exc:
+            return str(exc)
+    return ""
+
+
+def _read_exactly(response: object, count: int) -> bytes:
+    """Up to ``count`` bytes of ``response`` (fewer only at its end)."""
+    parts, got = [], 0
+    while got < count:
+        block = response.read(min(CHUNK, count - got))  # type: ignore[attr-defined]
+        if not block:
+            break
+        parts.append(block)
+        got += len(block)
+    return b"".join(parts)
+
+
+def read_range(url: str, start: int, end: int, timeout: float) -> tuple[bytes, int | None, str]:
+    """Bytes ``start`` to ``end - 1`` of ``url`` (fewer at its end): (bytes, the file's size or None, Content-Type).
+
+    Asks for a byte range; a server that ignores it answers the whole file, of which only
+    the first ``end`` bytes are read before the connection is closed.
+    """
+    try:
+        with open_url(url, headers={"Range": "bytes=%d-%d" % (start, end - 1)}, timeout=timeout) as response:
+            content_type = response.headers.get("Content-Type", "")
+            if response.status == 206:
+                return (_read_exactly(response, end - start),
+                        content_range_total(response.headers.get("Content-Range")), content_type)
+            length = response.headers.get("Content-Length")
+            return (_read_exactly(response, end)[start:], int(length) if length and length.isdigit() else None,
+                    content_type)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 416:  # the range starts past the end: nothing more to read
+            return b"", content_range_total(exc.headers.get("Content-Range") if exc.headers else None), ""
+        raise FetchError(f"{url}: the server answered HTTP {exc.code} {exc.reason}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise FetchError(f"{url}: unreachable ({reason})") from exc
+
+
+def check_header(url: str, label: str, timeout: float = 30.0, first_bytes: int = HEADER_FIRST_BYTES,
+                 max_bytes: int = HEADER_MAX_BYTES) -> None:
+    """Read the GGUF header of ``url`` over HTTP ranges; FetchError naming ``label`` if it cannot be the model.
+
+    Refuses a file that does not start with the GGUF magic (saying what it got), one
+    shorter than its header implies, one whose header does not parse within
+    ``max_bytes``, and an architecture the planner does not know.
+    """
+    name = "%s (%s)" % (label, url)
+    buf, served, content_type = read_range(url, 0, first_bytes, timeout)
+    if buf[:len(GGUF_MAGIC)] != GGUF_MAGIC:
+        raise FetchError("%s.url %s: not a GGUF file (%s)" % (label, url, describe_start(content_type, buf)))
+    while True:
+        try:
+            header = read_gguf_prefix(buf, name, served, _HEADER_ARRAY_LIMIT)
+            break
+        except GGUFIncomplete as more:
+            if len(buf) >= max_bytes:
+                raise FetchError("%s: the GGUF header is longer than %d MiB, the most this check reads"
+                                 % (name, max_bytes // 2**20)) from None
+            want = min(max(2 * len(buf), more.needed), max_bytes)
+            block = read_range(url, len(buf), want, timeout)[0]
+            if not block:  # the server has no more (and did not say its size)
+                raise FetchError("%s: the server has %d bytes, the GGUF header needs more" % (name, len(buf))) from None
+            buf += block
+        except GGUFError as exc:
+            raise FetchError(str(exc)) from None
+    problem = header_problem(name, header, served)
+    if problem:
+        raise FetchError(problem)
+
+
+def check_headers(states: list[FileState], label: str = "files", timeout: float = 30.0) -> None:
+    """:func:`check_header` for every file that must be fetched; ``label[N]`` names the N-th file."""
+    for index, state in enumerate(states):
+        if state.action != "none":
+            check_header(state.spec.url, "%s[%d]" % (label, index), timeout)
 
 
 def plan(specs: list[FileSpec], dest_dir: str, timeout: float = 30.0, record: bool = True) -> list[FileState]:

@@ -4,9 +4,10 @@
 """Read the header of GGUF model files: metadata, tensor table and shard layout.
 
 Only the header is parsed (through a read-only memory map), never the weights,
-so reading a 40 GB model costs a few megabytes of I/O. GGUF versions 2 and 3
-are supported, in either byte order, as are split models written by
-``llama-gguf-split`` (``NAME-00001-of-00003.gguf`` ...).
+so reading a 40 GB model costs a few megabytes of I/O; :func:`read_gguf_prefix`
+parses it from a file's first bytes (an HTTP range) and says when it needs more.
+GGUF versions 2 and 3 are supported, in either byte order, as are split models
+written by ``llama-gguf-split`` (``NAME-00001-of-00003.gguf`` ...).
 
 The file layout, as llama.cpp's ``ggml/src/gguf.cpp`` reads it::
 
@@ -118,6 +119,9 @@ _DEFAULT_SWA_PATTERN: dict[str, int] = {
     "gpt-oss": 2,
 }
 
+# The keys <arch>.KEY that model_facts() cannot do without (llama.cpp requires them too).
+ARCH_KEYS = ("block_count", "embedding_length")
+
 # model_facts() parses metadata arrays up to this length and summarises longer
 # ones (tokenizer vocabularies): per-layer arrays are far shorter.
 _FACTS_ARRAY_LIMIT = 65536
@@ -125,6 +129,14 @@ _FACTS_ARRAY_LIMIT = 65536
 
 class GGUFError(Exception):
     """A GGUF file is missing, unreadable or malformed. The message names the file."""
+
+
+class GGUFIncomplete(GGUFError):
+    """The bytes given end inside the header of a longer file: read at least ``needed`` bytes and parse again."""
+
+    def __init__(self, path: str, needed: int) -> None:
+        super().__init__("%s: the GGUF header goes on past the bytes read (%d needed at least)" % (path, needed))
+        self.needed = needed
 
 
 @dataclass(frozen=True)
@@ -231,23 +243,36 @@ def tensor_nbytes(shape: Sequence[int], ggml_type: int) -> int:
 
 
 class _Reader:
-    """Bounds-checked sequential reader over a buffer, in one byte order."""
+    """Bounds-checked sequential reader over a buffer, in one byte order.
 
-    def __init__(self, buf: Any, path: str, order: str) -> None:
+    ``buf`` is the whole file, or its first bytes when ``file_size`` is larger (None: a
+    prefix of a file of unknown size): reading past ``buf`` but not past the file raises
+    GGUFIncomplete, past the file GGUFError.
+    """
+
+    def __init__(self, buf: Any, path: str, order: str, file_size: int | None) -> None:
         self.buf = buf
         self.path = path
         self.order = order
         self.pos = 0
         self.size = len(buf)
+        self.file_size = file_size
 
     def fail(self, what: str) -> GGUFError:
         return GGUFError("%s: %s (at byte %d)" % (self.path, what, self.pos))
 
+    def need(self, end: int, what: str) -> None:
+        """Raise unless the bytes up to ``end`` are in the buffer (``what``: the error past the file's end)."""
+        if end <= self.size:
+            return
+        if self.file_size is not None and end > self.file_size:
+            raise self.fail(what)
+        raise GGUFIncomplete(self.path, end)
+
     def unpack(self, fmt: str) -> tuple[Any, ...]:
         fmt = self.order + fmt
         end = self.pos + struct.calcsize(fmt)
-        if end > self.size:
-            raise self.fail("file ends inside the GGUF header (truncated download?)")
+        self.need(end, "file ends inside the GGUF header (truncated download?)")
         values = struct.unpack_from(fmt, self.buf, self.pos)
         self.pos = end
         return values
@@ -261,8 +286,7 @@ class _Reader:
     def raw_string(self) -> bytes:
         length = self.u64()
         end = self.pos + length
-        if end > self.size:
-            raise self.fail("string of %d bytes runs past the end of the file" % length)
+        self.need(end, "string of %d bytes runs past the end of the file" % length)
         data = self.buf[self.pos:end]
         self.pos = end
         return data
@@ -279,8 +303,7 @@ class _Reader:
 
     def skip_string(self) -> None:
         length = self.u64()
-        if self.pos + length > self.size:
-            raise self.fail("string of %d bytes runs past the end of the file" % length)
+        self.need(self.pos + length, "string of %d bytes runs past the end of the file" % length)
         self.pos += length
 
     def value(self, value_type: int, max_array_items: int | None) -> Any:
@@ -298,7 +321,7 @@ class _Reader:
         if item_type not in VALUE_TYPE_NAMES:
             raise self.fail("array of unknown value type %d" % item_type)
         # Every item takes at least one byte (a string at least eight): reject absurd counts early.
-        if count > self.size - self.pos:
+        if self.file_size is not None and count > self.file_size - self.pos:
             raise self.fail("array claims %d items, more than the file can hold" % count)
         if max_array_items is not None and count > max_array_items:
             self.skip_items(item_type, count)
@@ -312,8 +335,7 @@ class _Reader:
     def skip_items(self, item_type: int, count: int) -> None:
         if item_type in _SCALAR_FORMATS:
             nbytes = count * struct.calcsize(_SCALAR_FORMATS[item_type])
-            if self.pos + nbytes > self.size:
-                raise self.fail("array of %d items runs past the end of the file" % count)
+            self.need(self.pos + nbytes, "array of %d items runs past the end of the file" % count)
             self.pos += nbytes
         elif item_type == _STRING:
             for dummy in range(count):
@@ -355,19 +377,47 @@ def read_gguf(path: str | os.PathLike[str], max_array_items: int | None = None) 
             if file_size < 24:
                 raise GGUFError("%s: not a GGUF file (only %d bytes)" % (path, file_size))
             with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                return _parse(mapped, path, file_size, max_array_items)
+                gguf_file = _parse(mapped, path, file_size, max_array_items)
     except OSError as exc:
         raise GGUFError("%s: cannot read GGUF file: %s" % (path, exc.strerror or exc)) from exc
+    for tensor in gguf_file.tensors:
+        if tensor.offset + tensor.nbytes > file_size:
+            raise GGUFError("%s: tensor %r ends at byte %d but the file has only %d bytes (truncated?)"
+                            % (path, tensor.name, tensor.offset + tensor.nbytes, file_size))
+    return gguf_file
 
 
-def _parse(buf: Any, path: str, file_size: int, max_array_items: int | None) -> GGUFFile:
+def read_gguf_prefix(buf: bytes, name: str, file_size: int | None,
+                     max_array_items: int | None = None) -> GGUFFile:
+    """Parse the header of a GGUF file from its first bytes (an HTTP range, say).
+
+    :param buf: the file's first bytes.
+    :param name: names the file in errors (a URL, ``model_files[0]``, ...).
+    :param file_size: the whole file's size, or None when unknown; ``file_size``
+        of the result is this (or ``len(buf)``). Tensors are not checked against
+        it: compare :func:`data_end` with it.
+    :raises GGUFIncomplete: the header goes on past ``buf``: read more and call again.
+    :raises GGUFError: not a GGUF file, or a malformed header.
+    """
+    if len(buf) < 8 and (file_size is None or file_size > len(buf)):
+        raise GGUFIncomplete(name, 8)
+    return _parse(buf, name, file_size, max_array_items)
+
+
+def data_end(gguf_file: GGUFFile) -> int:
+    """The size in bytes the header implies: the end of its last tensor's data (or of the header)."""
+    return max([gguf_file.data_offset] + [t.offset + t.nbytes for t in gguf_file.tensors])
+
+
+def _parse(buf: Any, path: str, file_size: int | None, max_array_items: int | None) -> GGUFFile:
+    """The header in ``buf``, the whole file or (``file_size`` larger or None) its first bytes."""
     order, version = _detect_byteorder(path, buf[:8])
-    reader = _Reader(buf, path, order)
+    reader = _Reader(buf, path, order, file_size)
     reader.pos = 8
     tensor_count = reader.u64()
     kv_count = reader.u64()
     # A key-value pair takes at least 13 bytes, a tensor entry at least 24.
-    if kv_count * 13 > file_size or tensor_count * 24 > file_size:
+    if file_size is not None and (kv_count * 13 > file_size or tensor_count * 24 > file_size):
         raise reader.fail("header claims %d metadata keys and %d tensors, more than the file can hold"
                           % (kv_count, tensor_count))
 
@@ -409,11 +459,7 @@ def _parse(buf: Any, path: str, file_size: int, max_array_items: int | None) -> 
         if rel_offset % alignment:
             raise GGUFError("%s: tensor %r data offset %d is not aligned to %d"
                             % (path, name, rel_offset, alignment))
-        offset = data_offset + rel_offset
-        if offset + nbytes > file_size:
-            raise GGUFError("%s: tensor %r ends at byte %d but the file has only %d bytes (truncated?)"
-                            % (path, name, offset + nbytes, file_size))
-        tensors.append(TensorInfo(name, shape, ggml_type, offset, nbytes, path))
+        tensors.append(TensorInfo(name, shape, ggml_type, data_offset + rel_offset, nbytes, path))
 
     return GGUFFile(
         path=path,
@@ -421,7 +467,7 @@ def _parse(buf: Any, path: str, file_size: int, max_array_items: int | None) -> 
         byteorder="little" if order == "<" else "big",
         alignment=alignment,
         data_offset=data_offset,
-        file_size=file_size,
+        file_size=len(buf) if file_size is None else file_size,
         metadata=metadata,
         tensors=tensors,
     )
@@ -505,6 +551,24 @@ def read_model(paths: ModelPaths, max_array_items: int | None = None) -> GGUFMod
     return model
 
 
+def architecture(metadata: dict[str, Any], path: str) -> str:
+    """``general.architecture``, checked to have the keys the split planner needs (:data:`ARCH_KEYS`).
+
+    :raises GGUFError: no architecture, or one without those keys: an architecture the
+        planner (and llama.cpp) does not know, or a file without its hyperparameters.
+    """
+    arch = metadata.get("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        raise GGUFError("%s: required metadata key general.architecture is missing" % path)
+    missing = ["%s.%s" % (arch, key) for key in ARCH_KEYS if "%s.%s" % (arch, key) not in metadata]
+    if missing:
+        raise GGUFError("%s: required metadata %s %s %s missing for general.architecture %r: an architecture the "
+                        "planner does not know, or a file without its hyperparameters"
+                        % (path, "key" if len(missing) == 1 else "keys", " and ".join(missing),
+                           "is" if len(missing) == 1 else "are", arch))
+    return arch
+
+
 def _get_int(metadata: dict[str, Any], key: str, path: str, default: int | None = None) -> int:
     value = metadata.get(key, default)
     if value is None:
@@ -567,9 +631,7 @@ def model_facts(paths: ModelPaths) -> dict[str, Any]:
     model = read_model(paths, max_array_items=_FACTS_ARRAY_LIMIT)
     metadata = model.metadata
     first = model.paths[0]
-    arch = metadata.get("general.architecture")
-    if not isinstance(arch, str) or not arch:
-        raise GGUFError("%s: required metadata key general.architecture is missing" % first)
+    arch = architecture(metadata, first)
 
     n_layer = _get_int(metadata, "%s.block_count" % arch, first)
     n_embd = _get_int(metadata, "%s.embedding_length" % arch, first)

@@ -38,6 +38,9 @@ SERVER_FEATURES: dict[str, tuple[str, ...]] = {
     "api_key_file": ("--api-key-file",),
     "ctx_size": ("-c", "--ctx-size"),
     "parallel": ("-np", "--parallel"),
+    # A build can have --kv-unified without the negative spelling, which came with automatic slots.
+    "kv_unified": ("-kvu", "--kv-unified"),
+    "no_kv_unified": ("-no-kvu", "--no-kv-unified"),
     "chat_template": ("--chat-template",),
     "cache_type_k": ("-ctk", "--cache-type-k"),
     "cache_type_v": ("-ctv", "--cache-type-v"),
@@ -239,6 +242,26 @@ def load_mode_args(load_mode: str | None, features: Mapping[str, bool]) -> list[
     return list(args)
 
 
+def kv_unified_args(kv_unified: bool | None, slots: int, features: Mapping[str, bool], binary: str) -> list[str]:
+    """``--kv-unified`` or ``--no-kv-unified`` for ``slots`` server slots, or nothing.
+
+    Nothing for one slot (both layouts are then one stream of ``-c`` cells) or
+    a plan that does not say (older plans). A unified cache on a build without
+    ``--kv-unified`` raises FlagError naming ``llama_server_kv_unified``. A cache
+    per slot is rendered explicitly where the build can say so; builds without
+    ``--no-kv-unified`` only unify when asked.
+    """
+    if kv_unified is None or slots <= 1:
+        return []
+    if kv_unified:
+        if not features.get("kv_unified"):
+            raise FlagError("llama_server_kv_unified (kv_unified) asks for one KV cache shared by the %d slots, but "
+                            "%s of this build has no --kv-unified: upgrade llama.cpp, or set llama_server_kv_unified "
+                            "false (each slot then gets ctx_size / %d tokens)" % (slots, binary, slots))
+        return ["--kv-unified"]
+    return ["--no-kv-unified"] if features.get("no_kv_unified") else []
+
+
 def render_llama_server_argv(binary: str, plan: Mapping[str, Any], features: Mapping[str, bool],
                              model_path: str | Sequence[str], host: str = "127.0.0.1", port: int = 8080,
                              ctx_size: int | None = None, n_parallel: int | None = None,
@@ -254,7 +277,8 @@ def render_llama_server_argv(binary: str, plan: Mapping[str, Any], features: Map
     ``--fit`` would otherwise probe every device over the network first). A
     plan without ``tensor_split`` (split policy fit) renders neither ``-ngl``,
     ``-ts`` nor ``--fit off``, so llama.cpp's own fit decides.
-    ``ctx_size``/``n_parallel`` default to the plan's. With ``pin_devices``,
+    ``ctx_size``/``n_parallel`` default to the plan's; the plan's ``kv_unified``
+    renders as :func:`kv_unified_args` says. With ``pin_devices``,
     ``--device`` lists the plan's devices so the order cannot drift (only use
     it when the local device names in the plan match the build's backend).
     ``log_verbosity`` renders ``-lv N`` (4 shows the devices and buffer sizes,
@@ -288,6 +312,7 @@ def render_llama_server_argv(binary: str, plan: Mapping[str, Any], features: Map
     if slots is not None:
         _need(features, "parallel", "server slots", name)
         argv += ["-np", str(int(slots))]
+        argv += kv_unified_args(plan.get("kv_unified"), int(slots), features, name)
     for key, flag in (("cache_type_k", "-ctk"), ("cache_type_v", "-ctv")):
         value = plan.get(key)
         if value and value != "f16":

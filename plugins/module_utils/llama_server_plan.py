@@ -80,7 +80,8 @@ def _plan(module: Any) -> dict:
             kv_unified=params["kv_unified"], policy=params["policy"], link_rtt_ms=params["link_rtt_ms"],
         )
     except PlanError as exc:
-        module.fail_json(msg=str(exc))
+        host = (params["orchestrator"] or {}).get("host")
+        module.fail_json(msg="%s: %s" % (host, exc) if host else str(exc))
     raise AssertionError("fail_json returned")  # pragma: no cover
 
 

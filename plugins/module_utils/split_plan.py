@@ -6,6 +6,9 @@
 :func:`plan_split` runs five steps, each a function of its own:
 
 1. :func:`validate_request`: the options and the model facts make sense;
+   then split_units' :func:`resolve_slots`: the slot count (``n_parallel`` 0:
+   one per ``MIN_SLOT_CTX`` tokens of context, at most ``MAX_AUTO_SLOTS``)
+   and the context each request can use;
 2. :func:`size_fleet`: the model's units and their bytes at the context
    (split_units), the devices in llama.cpp's order and what each can hold
    (split_devices);
@@ -43,7 +46,10 @@ from .split_policies import DEFAULT_POLICY, POLICIES, choose_split
 from .split_units import (
     DEFAULT_N_UBATCH,
     KV_TYPES,
+    MAX_AUTO_SLOTS,
+    MAX_SLOTS,
     MIB,
+    MIN_SLOT_CTX,
     PlanError,
     assign_layers,
     check_facts,
@@ -51,14 +57,15 @@ from .split_units import (
     kv_cells,
     layers_from_split,
     range_text,
+    resolve_slots,
     size_units,
 )
 
 __all__ = [
-    "DEFAULT_COMPUTE_MIB", "DEFAULT_N_UBATCH", "DEFAULT_POLICY", "KV_TYPES", "MAX_DEVICES", "POLICIES", "PlanError",
-    "assemble_plan", "assign_layers", "describe_devices", "elect_orchestrator", "explain_plan", "gpu_memory_mib",
-    "kv_bytes_per_layer", "kv_cells", "layers_from_split", "model_devices", "plan_split", "size_fleet",
-    "validate_request",
+    "DEFAULT_COMPUTE_MIB", "DEFAULT_N_UBATCH", "DEFAULT_POLICY", "KV_TYPES", "MAX_AUTO_SLOTS", "MAX_DEVICES",
+    "MIN_SLOT_CTX", "POLICIES", "PlanError", "assemble_plan", "assign_layers", "describe_devices",
+    "elect_orchestrator", "explain_plan", "gpu_memory_mib", "kv_bytes_per_layer", "kv_cells", "layers_from_split",
+    "model_devices", "plan_split", "resolve_slots", "size_fleet", "validate_request",
 ]
 
 
@@ -75,8 +82,9 @@ def validate_request(model: Mapping[str, Any], ctx_size: int = 0, n_parallel: in
     "policy"}``. Raises PlanError naming the option to change.
     """
     n_layer = check_facts(model)
-    if not _is_int(n_parallel) or n_parallel < 1:
-        raise PlanError("n_parallel is %r, expected a positive integer (llama-server -np)" % (n_parallel,))
+    if not _is_int(n_parallel) or not 0 <= n_parallel <= MAX_SLOTS:
+        raise PlanError("n_parallel is %r, expected 0 (automatic) or a number of slots up to %d (llama-server -np)"
+                        % (n_parallel, MAX_SLOTS))
     if not _is_int(ctx_size) or ctx_size < 0:
         raise PlanError("ctx_size is %r, expected 0 (the model's context) or a positive integer" % (ctx_size,))
     if not _is_int(compute_mib) or compute_mib < 0:
@@ -154,12 +162,16 @@ def _device_entry(dev: Mapping[str, Any], start: int | None, count: int | None, 
 def assemble_plan(workers: Sequence[Mapping[str, Any]], orchestrator: Mapping[str, Any] | None,
                   devices: list[dict[str, Any]], sizing: Mapping[str, Any], choice: Mapping[str, Any],
                   ctx: int, n_parallel: int = 1, cache_type_k: str = "f16", cache_type_v: str | None = None,
-                  compute_mib: int = DEFAULT_COMPUTE_MIB, link_rtt_ms: float | None = None) -> dict[str, Any]:
+                  compute_mib: int = DEFAULT_COMPUTE_MIB, link_rtt_ms: float | None = None,
+                  slots: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Step 4: the plan for the chosen unit counts (without explanation and warnings).
 
     Endpoints whose devices all get no units are dropped (``excluded``) and the
     remaining devices renamed as llama.cpp names them without those endpoints.
+    ``slots`` is :func:`resolve_slots`' answer (it wins over ``n_parallel``);
+    without it, ``n_parallel`` slots with a KV cache per slot.
     """
+    slots = slots or resolve_slots(ctx, n_parallel)
     counts = choice["counts"]
     excluded: list[dict[str, Any]] = []
     if counts is not None:
@@ -199,7 +211,10 @@ def assemble_plan(workers: Sequence[Mapping[str, Any]], orchestrator: Mapping[st
         "n_layer": sizing["n_layer"],
         "split_mode": "layer",
         "ctx_size": ctx,
-        "n_parallel": n_parallel,
+        "n_parallel": slots["n_parallel"],
+        "n_parallel_auto": slots["n_parallel_auto"],
+        "kv_unified": slots["kv_unified"],
+        "slot_ctx": slots["slot_ctx"],
         "kv_cells": sizing["kv_cells"],
         "cache_type_k": cache_type_k,
         "cache_type_v": cache_type_v or cache_type_k,
@@ -222,9 +237,10 @@ def explain_plan(plan: Mapping[str, Any], choice: Mapping[str, Any], model: Mapp
     units = plan["n_layer"] + 1
     where = plan["orchestrator"] or "the orchestrator"
     lines = [
-        "%s: %d layers + output = %d units, ctx %d x %d slots (%d KV cells, K %s, V %s)"
-        % (model.get("arch", "model"), plan["n_layer"], units, plan["ctx_size"], plan["n_parallel"],
-           plan["kv_cells"], plan["cache_type_k"], plan["cache_type_v"]),
+        "%s: %d layers + output = %d units, ctx %d (%d KV cells, K %s, V %s)"
+        % (model.get("arch", "model"), plan["n_layer"], units, plan["ctx_size"], plan["kv_cells"],
+           plan["cache_type_k"], plan["cache_type_v"]),
+        _slots_line(plan),
         "device order (llama.cpp): RPC devices in --rpc order, then local %s"
         % ("GPUs" if any(d["local"] for d in plan["devices"]) else "GPUs (none on %s)" % where),
         choice["reason"],
@@ -267,6 +283,27 @@ def explain_plan(plan: Mapping[str, Any], choice: Mapping[str, Any], model: Mapp
     return lines, warnings
 
 
+def _slots_line(plan: Mapping[str, Any]) -> str:
+    """The explanation line of the slots, e.g. ``8 slots (auto: 4096 ctx / 512), unified KV cache of 4096
+    tokens shared by all slots, up to 4096 tokens per request``."""
+    count = plan["n_parallel"]
+    line = "%d slot%s" % (count, "" if count == 1 else "s")
+    if plan["n_parallel_auto"]:
+        capped = plan["ctx_size"] // MIN_SLOT_CTX > MAX_AUTO_SLOTS
+        line += " (auto: %d ctx / %d%s)" % (plan["ctx_size"], MIN_SLOT_CTX,
+                                            ", at most %d" % MAX_AUTO_SLOTS if capped else "")
+    if count == 1:
+        line += ", KV cache of %d tokens" % plan["kv_cells"]
+    elif plan["kv_unified"]:
+        line += ", unified KV cache of %d tokens shared by all slots" % plan["kv_cells"]
+    else:
+        line += ", KV cache split per slot: %d x %d tokens" % (count, plan["kv_cells"] // count)
+    line += ", up to %d tokens per request" % plan["slot_ctx"]
+    if plan["slot_ctx"] < plan["kv_cells"] // (1 if plan["kv_unified"] else count):
+        line += " (the model's training context)"
+    return line
+
+
 def plan_split(workers: Sequence[Mapping[str, Any]],
                orchestrator: Mapping[str, Any] | None,
                model: Mapping[str, Any],
@@ -289,8 +326,11 @@ def plan_split(workers: Sequence[Mapping[str, Any]],
         its GPUs are used after the RPC devices; CPU entries are ignored.
     :param model: model facts (:func:`gguf.model_facts`).
     :param ctx_size: total context (``-c``); 0 means the model's training context.
-    :param n_parallel: slots (``-np``); with a non-unified KV cache the context is
-        rounded up per slot.
+    :param n_parallel: slots (``-np``); 0 chooses them from the context
+        (split_units.auto_slots). With a non-unified KV cache each slot gets its
+        share of the context, rounded up to 256, and a share under 256 is refused.
+    :param kv_unified: one KV cache of ``ctx_size`` tokens shared by all slots
+        (``--kv-unified``): each request can use the whole context.
     :param cache_type_k: KV cache type for K (``-ctk``), ``cache_type_v`` for V
         (defaults to the K type).
     :param compute_mib: compute-buffer margin per device (a device dict's own
@@ -305,11 +345,12 @@ def plan_split(workers: Sequence[Mapping[str, Any]],
     :raises PlanError: with a message that says what to change.
     """
     request = validate_request(model, ctx_size, n_parallel, compute_mib, policy, link_rtt_ms, tensor_split)
-    devices, sizing = size_fleet(workers, orchestrator, model, request["ctx"], n_parallel, cache_type_k,
+    slots = resolve_slots(request["ctx"], n_parallel, kv_unified, int(model.get("n_ctx_train") or 0))
+    devices, sizing = size_fleet(workers, orchestrator, model, request["ctx"], slots["n_parallel"], cache_type_k,
                                  cache_type_v, kv_unified, n_ubatch, compute_mib, link_rtt_ms)
     choice = choose_split(policy, devices, sizing, request["ctx"], tensor_split)
-    plan = assemble_plan(workers, orchestrator, devices, sizing, choice, request["ctx"], n_parallel, cache_type_k,
-                         cache_type_v, compute_mib, link_rtt_ms)
+    plan = assemble_plan(workers, orchestrator, devices, sizing, choice, request["ctx"], slots["n_parallel"],
+                         cache_type_k, cache_type_v, compute_mib, link_rtt_ms, slots)
     plan["explanation"], plan["warnings"] = explain_plan(plan, choice, model, orchestrator, compute_mib)
     return plan
 

@@ -215,7 +215,7 @@ def check_total(devices: Sequence[Mapping[str, Any]], sizing: Mapping[str, Any],
     if need > have:
         weights = sum(sizing["layer_bytes"]) + sizing["output_bytes"]
         raise PlanError("the model at ctx_size %d needs %.1f GiB (weights %.1f, KV %.1f, compute %.1f), the "
-                        "fleet has %.1f GiB free on %d devices: add hosts or lower the context (ctx_size)"
+                        "fleet has %.1f GiB free on %d devices: add hosts or lower ctx_size (llama_server_ctx_size)"
                         % (ctx, need / GIB, weights / GIB, sum(sizing["kv"]) / GIB, compute / GIB, have / GIB,
                            len(devices)))
 
@@ -226,7 +226,7 @@ def _does_not_pack(devices: Sequence[Mapping[str, Any]], sizing: Mapping[str, An
     have = sum(dev["usable_mib"] for dev in devices) * MIB
     return PlanError("the model at ctx_size %d needs %.1f GiB and the fleet has %.1f GiB free, but its layers (up "
                      "to %.0f MiB each, the output layer %.0f MiB on the last device) do not pack into the devices "
-                     "in llama.cpp's order (%s): add hosts or lower the context (ctx_size)"
+                     "in llama.cpp's order (%s): add hosts or lower ctx_size (llama_server_ctx_size)"
                      % (ctx, need / GIB, have / GIB, max(costs) / MIB, costs[-1] / MIB, describe_devices(devices)))
 
 

@@ -12,9 +12,20 @@ Read from llama.cpp commit 0c1e570:
   the last device that receives any unit. The input embedding stays on the CPU
   of the orchestrator. :func:`layers_from_split` is that computation; integer
   unit counts always map back to themselves.
-* KV cache (src/llama-context.cpp, llama-kv-cache*.cpp): the context is padded
-  to 256 cells, per slot unless the cache is unified; sliding-window layers
-  hold ``n_swa + n_ubatch`` cells per sequence. :func:`kv_bytes_per_layer`.
+* KV cache (src/llama-context.cpp, llama-kv-cache*.cpp): ``-c`` is padded up
+  to a multiple of 256 (``n_ctx``). With a unified cache (``--kv-unified``) it
+  is one stream of ``n_ctx`` cells that every slot draws from, so a request
+  can use up to ``n_ctx`` while the others are idle. Without it each of the
+  ``-np`` slots gets a stream of ``n_ctx_seq = pad(n_ctx / np, 256)`` cells
+  and ``n_ctx`` becomes ``n_ctx_seq * np`` (llama.cpp logs "rounding down",
+  but the padding can make it larger than ``-c``: ``-c 4096 -np 3`` allocates
+  3 x 1536 = 4608 cells). Both layouts hold the same cells when ``n_ctx`` is a
+  multiple of ``256 * np``. Sliding-window layers hold
+  ``pad(min(n_ctx_seq, n_swa * (np if unified else 1) + n_ubatch), 256)``
+  cells per stream (llama-kv-cache-iswa.cpp): with a unified cache they grow
+  with the slots, up to the whole context. llama-server caps a slot's context
+  at the model's training context (server-context.cpp, ``n_ctx_slot``).
+  :func:`kv_cells`, :func:`kv_bytes_per_layer`, :func:`resolve_slots`.
 
 Stdlib only.
 """
@@ -31,6 +42,26 @@ GIB = 1024 * MIB
 
 DEFAULT_N_UBATCH = 512
 KV_PAD = 256  # llama_context pads n_ctx (and n_ctx_seq) to a multiple of 256
+
+# Automatic slot count (n_parallel 0): one slot per MIN_SLOT_CTX tokens of context, at most
+# MAX_AUTO_SLOTS. With a unified KV cache the cache is -c tokens whatever the slot count
+# (only sliding-window layers grow, by n_swa per slot, up to the context, and the planner
+# sizes them), and the compute buffer is reserved for one ubatch (n_ubatch tokens), not per
+# slot; so memory does not limit the slots, the context each request needs does: below
+# 512 tokens of context per slot a prompt and its answer would often not fit in the cache
+# alongside the others. Beyond 8 parallel sequences continuous batching on small fleets
+# (a few devices joined over RPC, where each step pays a round trip per device) stops
+# paying: the step time grows with the batch and the clients each get less.
+# Measured with llama-server 0c1e570, gemma-3-270m, -c 4096 on the CPU: 1 slot: KV 12 + 15 MiB
+# (dense + SWA layers), compute 22.8 MiB, output 1 MiB; 8 unified slots: KV 12 + 60 MiB,
+# compute 25.8 MiB, output 8 MiB (n_vocab x 4 bytes per slot, in the orchestrator's RAM).
+MIN_SLOT_CTX = 512
+MAX_AUTO_SLOTS = 8
+# Without a unified cache each slot owns ctx / np tokens; llama.cpp pads a smaller share up
+# to 256 cells per slot (so the cache outgrows -c), and such a slot holds almost no prompt.
+MIN_SPLIT_SLOT_CTX = KV_PAD
+# llama_context refuses more sequences than this (LLAMA_MAX_SEQ, src/llama-cparams.h).
+MAX_SLOTS = 256
 
 # KV cache element types llama-server accepts for -ctk/-ctv: (elements per block, bytes per block).
 KV_TYPES: dict[str, tuple[int, int]] = {
@@ -120,13 +151,57 @@ def _pad(value: int, to: int) -> int:
     return (value + to - 1) // to * to
 
 
-def kv_cells(ctx_size: int, n_parallel: int, kv_unified: bool = False) -> int:
-    """KV cells llama-server allocates for ``-c ctx_size -np n_parallel`` (src/llama-context.cpp)."""
+def ctx_per_seq(ctx_size: int, n_parallel: int, kv_unified: bool = False) -> int:
+    """Cells of one KV stream, llama.cpp's ``n_ctx_seq`` (src/llama-context.cpp).
+
+    Unified: the whole padded context, which every slot shares. Otherwise each
+    slot's share of it, padded up to 256.
+    """
     n_ctx = _pad(ctx_size, KV_PAD)
     if kv_unified or n_parallel <= 1:
         return n_ctx
-    n_ctx_seq = _pad(n_ctx // n_parallel, KV_PAD)
-    return n_ctx_seq * n_parallel
+    return _pad(n_ctx // n_parallel, KV_PAD)
+
+
+def _streams(n_parallel: int, kv_unified: bool) -> int:
+    """KV streams (llama_kv_cache's ``n_stream``): one shared, or one per slot."""
+    return 1 if kv_unified else max(n_parallel, 1)
+
+
+def kv_cells(ctx_size: int, n_parallel: int, kv_unified: bool = False) -> int:
+    """KV cells llama-server allocates for ``-c ctx_size -np n_parallel``: one stream, or one per slot."""
+    return ctx_per_seq(ctx_size, n_parallel, kv_unified) * _streams(n_parallel, kv_unified)
+
+
+def auto_slots(ctx: int) -> int:
+    """The slot count for ``n_parallel`` 0: ``ctx // MIN_SLOT_CTX`` between 1 and ``MAX_AUTO_SLOTS``."""
+    return max(1, min(ctx // MIN_SLOT_CTX, MAX_AUTO_SLOTS))
+
+
+def resolve_slots(ctx: int, n_parallel: int, kv_unified: bool = False, n_ctx_train: int = 0) -> dict[str, Any]:
+    """llama-server's slots for context ``ctx``: ``n_parallel`` as given, or :func:`auto_slots` for 0.
+
+    Returns ``n_parallel`` (resolved), ``n_parallel_auto``, ``kv_unified`` and
+    ``slot_ctx``, the tokens one request can use: the stream it draws from
+    (:func:`ctx_per_seq`), capped at the model's training context as
+    llama-server caps it. Without a unified cache, a slot whose share of the
+    padded context is under ``MIN_SPLIT_SLOT_CTX`` tokens is refused.
+    """
+    if not isinstance(kv_unified, bool):
+        raise PlanError("kv_unified is %r, expected true or false (llama-server --kv-unified)" % (kv_unified,))
+    auto = n_parallel == 0
+    slots = auto_slots(ctx) if auto else n_parallel
+    share = _pad(ctx, KV_PAD) // slots
+    if not kv_unified and slots > 1 and share < MIN_SPLIT_SLOT_CTX:
+        raise PlanError(
+            "n_parallel (llama_server_parallel) %d without a unified KV cache gives each slot %d of the %d tokens of "
+            "ctx_size (llama_server_ctx_size), fewer than %d: lower llama_server_parallel, raise "
+            "llama_server_ctx_size to at least %d, or set llama_server_kv_unified (kv_unified) true"
+            % (slots, share, ctx, MIN_SPLIT_SLOT_CTX, slots * MIN_SPLIT_SLOT_CTX))
+    slot_ctx = ctx_per_seq(ctx, slots, kv_unified)
+    if n_ctx_train > 0:
+        slot_ctx = min(slot_ctx, n_ctx_train)
+    return {"n_parallel": slots, "n_parallel_auto": auto, "kv_unified": kv_unified, "slot_ctx": slot_ctx}
 
 
 def _swa_layers(facts: Mapping[str, Any], n_layer: int) -> list[bool] | None:
@@ -175,7 +250,8 @@ def kv_bytes_per_layer(facts: Mapping[str, Any], ctx_size: int, n_parallel: int 
 
     Layers with sliding-window attention (when the facts give the window and
     pattern, and ``swa`` is true) hold ``min(context, n_swa + n_ubatch)`` cells
-    per sequence, as llama_kv_cache_iswa sizes them; other layers hold every cell.
+    per stream (``n_swa * n_parallel + n_ubatch`` for the one stream of a
+    unified cache), as llama_kv_cache_iswa sizes them; other layers hold every cell.
     """
     n_layer = int(facts["n_layer"])
     k_widths = _per_layer_width(facts, "n_embd_k_gqa", n_layer)
@@ -187,10 +263,9 @@ def kv_bytes_per_layer(facts: Mapping[str, Any], ctx_size: int, n_parallel: int 
     swa_cells = cells
     if swa_layers is not None:
         n_swa = int(facts["sliding_window"]["n_swa"])
-        streams = 1 if kv_unified else max(n_parallel, 1)
-        size_base = cells // streams
+        size_base = ctx_per_seq(ctx_size, n_parallel, kv_unified)  # a multiple of 256
         per_stream = _pad(min(size_base, n_swa * (max(n_parallel, 1) if kv_unified else 1) + n_ubatch), KV_PAD)
-        swa_cells = min(per_stream, size_base) * streams
+        swa_cells = per_stream * _streams(n_parallel, kv_unified)
     result = []
     for il in range(n_layer):
         layer_cells = swa_cells if swa_layers is not None and swa_layers[il] else cells

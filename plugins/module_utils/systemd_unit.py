@@ -35,7 +35,12 @@ from __future__ import annotations
 import re
 from typing import Mapping, Sequence
 
-from .constants import MACOS_UNSUPPORTED, RPC_CACHE_SUBDIR, RPC_FIREWALL_UNIT, RPC_SERVER_HOME, RPC_SERVER_USER
+from .constants import (GATE_CONFIG_PATH, GATE_RUNTIME_DIR, GATE_SCRIPT, LLAMA_SERVER_UNIT, LLAMA_SERVER_USER,
+                        MACOS_UNSUPPORTED, RPC_CACHE_SUBDIR, RPC_FIREWALL_UNIT, RPC_SERVER_HOME, RPC_SERVER_USER)
+
+# Seconds a live client may wait behind a dead one before the worker's guard restarts rpc-server
+# (serving_gate.DEFAULT_GUARD_STALE; role default rpc_server_guard_stale).
+GUARD_STALE = 20
 from .llama_flags import FlagError
 
 
@@ -145,7 +150,8 @@ def render_systemd_unit(argv: Sequence[str], header: str = "", description: str 
                         restart: str = "on-failure", restart_sec: int = 5, limit_memlock_infinity: bool = False,
                         exec_start_pre: Sequence[Sequence[str]] = (), comments: Sequence[str] = (),
                         timeout_start_sec: int | None = None, backend: str | None = None,
-                        protect_home: str = "yes", wanted_by: str = "multi-user.target") -> str:
+                        protect_home: str = "yes", wanted_by: str = "multi-user.target",
+                        runtime_directory: str | None = None) -> str:
     """The text of a hardened systemd service unit running ``argv`` from a llama.cpp ``backend`` build.
 
     ``header`` (e.g. the ansible_managed comment) goes first, verbatim, each
@@ -156,7 +162,9 @@ def render_systemd_unit(argv: Sequence[str], header: str = "", description: str 
     to IP, UNIX and netlink sockets, and the device policy of ``backend``
     (:func:`device_policy`). ``limit_memlock_infinity`` is for
     ``--mlock``/``-lm mlock``. ``exec_start_pre`` are argv lists run before the
-    server (e.g. a wait for the workers).
+    server (e.g. a wait for the workers). ``runtime_directory`` is a folder
+    under /run that systemd creates for the service (owned by ``user``) and
+    removes when it stops.
     """
     if restart not in RESTART_POLICIES:
         raise UnitError("restart %r is not one of %s" % (restart, ", ".join(RESTART_POLICIES)))
@@ -212,6 +220,10 @@ def render_systemd_unit(argv: Sequence[str], header: str = "", description: str 
         lines.append("ReadWritePaths=%s" % systemd_quote(path))
     for path in read_only_paths:
         lines.append("ReadOnlyPaths=%s" % systemd_quote(path))
+    if runtime_directory:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", runtime_directory):
+            raise UnitError("runtime_directory must be one folder name under /run, got %r" % runtime_directory)
+        lines += ["RuntimeDirectory=%s" % runtime_directory, "RuntimeDirectoryMode=0755"]
     if limit_memlock_infinity:
         lines.append("LimitMEMLOCK=infinity")
     lines += ["", "[Install]", "WantedBy=%s" % wanted_by, ""]
@@ -235,3 +247,36 @@ def render_rpc_server_unit(argv: Sequence[str], backend: str, port: int, user: s
         user=user, environment={"LLAMA_CACHE": "%s/%s" % (home.rstrip("/"), RPC_CACHE_SUBDIR)},
         read_write_paths=[home], after=["network-online.target"] + firewall_units, requires=firewall_units,
         restart="always", restart_sec=2, backend=backend)
+
+
+def render_gate_unit(python: str = "/usr/bin/python3", script: str = GATE_SCRIPT, config: str = GATE_CONFIG_PATH,
+                     user: str = LLAMA_SERVER_USER, header: str = "") -> str:
+    """The unit of the orchestrator's serving gate (module_utils/serving_gate.py run by ``python``).
+
+    It runs as llama-server's own user, so it may signal llama-server (its
+    only restart action: systemd brings llama-server back), reads the API key
+    file for its canary, touches no device (the CPU device policy), writes
+    nothing but its state under /run, and restarts always.
+    """
+    return render_systemd_unit(
+        [python, script, "--config", config], header=header,
+        description="llamafleet serving gate and watchdog in front of llama-server",
+        user=user, after=["network-online.target", LLAMA_SERVER_UNIT], restart="always", restart_sec=2,
+        backend="cpu", runtime_directory=GATE_RUNTIME_DIR,
+        comments=["Clients connect here; it forwards to llama-server on loopback and answers 503 at once "
+                  "while the cluster cannot serve."])
+
+
+def render_rpc_guard_unit(servers: Mapping[int, str], stale: int = GUARD_STALE, python: str = "/usr/bin/python3",
+                          script: str = GATE_SCRIPT, user: str = RPC_SERVER_USER, header: str = "") -> str:
+    """The unit of a worker's rpc-server guard (``serving_gate.py guard``), watching each rpc-server
+    port of ``servers`` (port -> unit). It runs as rpc-server's own user, so it may signal it."""
+    if not servers:
+        raise UnitError("the guard needs at least one rpc-server (port -> unit)")
+    argv = [python, script, "guard", "--stale", str(int(stale))]
+    argv += ["%d=%s" % (int(port), unit) for port, unit in sorted(servers.items())]
+    return render_systemd_unit(
+        argv, header=header, description="llamafleet guard of the rpc-server worker(s)", user=user,
+        after=["network-online.target"] + sorted(servers.values()), restart="always", restart_sec=2, backend="cpu",
+        comments=["Restarts an rpc-server that keeps a client waiting %ds behind a connection whose peer is gone."
+                  % int(stale)])

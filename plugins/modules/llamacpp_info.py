@@ -81,8 +81,8 @@ features:
   contains:
     llama_server:
       description: Feature -> bool for rpc, tensor_split, split_mode, n_gpu_layers, device, fit, load_mode,
-        no_mmap, mlock, metrics, api_key_file, ctx_size, parallel, chat_template, cache_type_k, cache_type_v,
-        host, port, log_verbosity, list_devices.
+        no_mmap, mlock, metrics, api_key_file, ctx_size, parallel, kv_unified, no_kv_unified, chat_template,
+        cache_type_k, cache_type_v, host, port, log_verbosity, list_devices.
       type: dict
     rpc_server:
       description: Feature -> bool for host, port, threads, device, cache, mem.

@@ -17,6 +17,10 @@ description:
     and never downloaded again; a marker next to it lets later runs skip the hash.
   - Checks that the URLs answer and that the destination has room for what is missing before anything
     is written, so bad input fails before the host changes.
+  - Before that, reads the start of every file it must fetch with HTTP range requests (growing the range until
+    the GGUF tensor table is parsed, at most 64 MiB) and refuses a file that is not GGUF (a login or error page
+    served with 200, named by its media type and first bytes), one shorter than its header says (truncated at the
+    source, which a sha256 pinned for that file does not catch) and an architecture the planner does not know.
 author: llamafleet maintainers (@llamafleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
@@ -62,6 +66,10 @@ options:
     description: Network timeout in seconds for each request.
     type: int
     default: 60
+  label:
+    description: How errors name O(files), e.g. V(model_files) gives C(model_files[0]).
+    type: str
+    default: files
 """
 
 EXAMPLES = r"""
@@ -103,6 +111,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.llamafleet.cluster.plugins.module_utils.fetch import (
     FetchError,
     FileSpec,
+    check_headers,
     check_space,
     download,
     plan,
@@ -117,6 +126,7 @@ def run(module: AnsibleModule) -> dict:
         if not specs:
             raise FetchError("no model files given")
         states = plan(specs, dest, timeout=params["timeout"], record=not module.check_mode)
+        check_headers(states, params["label"], timeout=params["timeout"])
         needed, free = check_space(states, dest, params["free_margin_mib"] * 1024 * 1024)
     except FetchError as exc:
         module.fail_json(msg=str(exc))
@@ -169,6 +179,7 @@ def main() -> None:
             mode=dict(type="raw", default="0644"),
             free_margin_mib=dict(type="int", default=1024),
             timeout=dict(type="int", default=60),
+            label=dict(type="str", default="files"),
         ),
         supports_check_mode=True,
     )

@@ -56,9 +56,14 @@ options:
     type: int
     default: 0
   n_parallel:
-    description: Server slots (C(-np)).
+    description:
+      - Server slots (C(-np)), requests served at the same time.
+      - V(0) chooses them from the context, one slot per 512 tokens, at least 1 and at most 8 (C(MIN_SLOT_CTX) and
+        C(MAX_AUTO_SLOTS) in C(module_utils/split_units.py) give the reasoning); the plan records the count.
+      - Without O(kv_unified) each slot gets O(ctx_size) divided by the slots (rounded up to 256 tokens), and a share
+        under 256 tokens is refused.
     type: int
-    default: 1
+    default: 0
   cache_type_k:
     description: KV cache type for K (C(-ctk)).
     type: str
@@ -70,9 +75,14 @@ options:
     type: str
     choices: [f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1]
   kv_unified:
-    description: Whether llama-server runs with a unified KV cache (C(--kv-unified)).
+    description:
+      - One KV cache of O(ctx_size) tokens shared by all slots (C(--kv-unified)). Each request can use the whole
+        context while the others are idle, and the cache does not grow with the slots (except sliding-window layers,
+        by their window per slot, which the plan counts). V(false) gives each slot its own share of the context
+        (C(--no-kv-unified) where the build has it).
+      - With more than one slot and V(true), a build without C(--kv-unified) is refused.
     type: bool
-    default: false
+    default: true
   compute_mib:
     description:
       - Memory kept free on every device that holds layers for llama.cpp's compute buffer, MiB (a device
@@ -310,6 +320,20 @@ plan:
     ngl:
       description: C(-ngl), layers plus output; null for V(fit).
       type: int
+    n_parallel:
+      description: The slots (C(-np)), O(n_parallel) or the count chosen for V(0).
+      type: int
+    n_parallel_auto:
+      description: Whether the planner chose RV(plan.n_parallel) (O(n_parallel=0)).
+      type: bool
+    kv_unified:
+      description: Whether the slots share one KV cache (O(kv_unified)).
+      type: bool
+    slot_ctx:
+      description:
+        - Tokens one request can use, the shared cache or a slot's share of it, capped at the model's training
+          context as llama-server caps it.
+      type: int
     totals:
       description: Weights, KV, compute, total and usable MiB.
       type: dict
@@ -361,10 +385,10 @@ def main() -> None:
             model=dict(type="list", elements="path"),
             model_facts=dict(type="dict"),
             ctx_size=dict(type="int", default=0),
-            n_parallel=dict(type="int", default=1),
+            n_parallel=dict(type="int", default=0),
             cache_type_k=dict(type="str", default="f16", choices=kv_types, aliases=["cache_type"]),
             cache_type_v=dict(type="str", choices=kv_types),
-            kv_unified=dict(type="bool", default=False),
+            kv_unified=dict(type="bool", default=True),
             compute_mib=dict(type="int", default=DEFAULT_COMPUTE_MIB, aliases=["compute_margin_mib"]),
             tensor_split=dict(type="list", elements="float"),
             policy=dict(type="str", default=DEFAULT_POLICY, choices=list(POLICIES)),

@@ -15,8 +15,10 @@ import pytest
 import yaml
 
 from llamafleet.cluster import Endpoint, read_plan, server_log
+from llamafleet.core import constants
 from llamafleet.core.log_parse import buffers_by_device, compare_with_plan, layer_ranges, parse_load_log
 from llamafleet.lab.artifacts import LLAMA_CPP_ARCHIVE_SUBDIR
+from tests.e2e.bad_models import make_bad_models
 from tests.helpers import INVENTORY, REPO, playbook
 
 def main_pids(fleet) -> dict[str, str]:
@@ -70,6 +72,42 @@ def test_layers_on_every_rpc_device_as_planned(deployed, fleet):
         assert loaded.get(dev["name"], 0.0) == pytest.approx(dev["weights_mib"], abs=0.1), (dev, loaded)
 
 
+def _status(url: str, key: str = "", payload: dict | None = None) -> int:
+    """The HTTP status of one request to ``url`` (with ``key`` as a bearer token when given)."""
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=json.dumps(payload).encode() if payload else None,
+                                 method="POST" if payload else "GET")
+    req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 - the lab's endpoint
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_api_needs_the_generated_key_except_health(deployed, fleet):
+    """The first deploy generated a key only the service user reads; /health stays open, the rest needs it."""
+    orch = fleet.orchestrator
+    meta = fleet.run(f"stat -c '%a %U' {constants.API_KEY_PATH}", [orch])[orch.name]
+    assert meta.ok and meta.stdout.split() == ["600", "llamafleet"], meta.stdout + meta.stderr
+    endpoint = Endpoint.of(fleet)
+    assert len(endpoint.api_key) >= 32
+    unit = fleet.run(f"systemctl cat {constants.LLAMA_SERVER_UNIT}", [orch])[orch.name].stdout
+    assert f"--api-key-file {constants.API_KEY_PATH}" in unit and endpoint.api_key not in unit
+    ask = {"prompt": "Hello", "n_predict": 2}
+    assert _status(endpoint.url + "/health") == 200
+    assert _status(endpoint.url + "/completion", payload=ask) == 401
+    assert _status(endpoint.url + "/completion", "not-the-key-0123456789", payload=ask) == 401
+    assert _status(endpoint.url + "/metrics") == 401
+    assert _status(endpoint.url + "/v1/models") == 401
+    assert _status(endpoint.url + "/completion", endpoint.api_key, payload=ask) == 200
+    assert _status(endpoint.url + "/metrics", endpoint.api_key) == 200
+
+
 def test_second_run_changes_nothing_and_restarts_nothing(deployed, fleet):
     before = main_pids(fleet)
     run = playbook("deploy.yml")
@@ -121,21 +159,79 @@ BAD_INPUT = [
     # a second inventory source gives lab2 alone another archive: preflight names both sources and their hosts
     pytest.param(["-i", str(REPO / "tests" / "e2e" / "mixed_build_lab2.yml")],
                  "archive sha256 " + "1" * 64 + " subdir " + LLAMA_CPP_ARCHIVE_SUBDIR + " on lab2", id="mixed-build"),
+    # module_utils/fleet_checks.py, the first task of deploy.yml's preflight play
+    pytest.param(["-i", str(REPO / "tests" / "e2e" / "two_orchestrators.yml")],
+                 "the inventory group llamafleet_orchestrator has 2 hosts (lab1, lab2)", id="two-orchestrators"),
+    # lab2 again as lab2b: the rpc_server role's preflight (which changes nothing on lab2) refuses the endpoint
+    pytest.param(["-i", str(REPO / "tests" / "e2e" / "duplicate_worker.yml")],
+                 "two inventory hosts offer the same rpc-server endpoint (10.77.0.12:50052 on lab2 and lab2b)",
+                 id="duplicate-worker"),
+    pytest.param(["-e", "rpc_server_port=70000"],
+                 "lab2: rpc_server_port 70000 gives ports 70000-70000, outside 1-65535", id="port-out-of-range"),
+    pytest.param(["-e", "llamafleet_cluster_address=10.77.0.99"],
+                 "lab2: rpc_server_bind_address=10.77.0.99 is not an address of this host (its addresses: ",
+                 id="address-not-on-host"),
+    # rpc_plan in the llama_server role's configure step, after roles that change nothing on a converged lab
+    pytest.param(["-e", "llama_server_ctx_size=100000000"],
+                 ("lab1: the model at ctx_size 100000000 needs ",
+                  "add hosts or lower ctx_size (llama_server_ctx_size)"),
+                 id="context-too-large"),
 ]
 
 
-@pytest.mark.parametrize(("extra", "expected"), BAD_INPUT)
-def test_bad_input_fails_before_any_change(deployed, fleet, extra, expected):
+def assert_fails_before_any_change(fleet, extra, expected, inventory=INVENTORY):
+    """deploy.yml with ``extra`` fails printing ``expected`` (one string or several), changes and restarts nothing."""
     before = main_pids(fleet)
     units_before = fleet.run("sha256sum /etc/systemd/system/llamafleet-*.service")
-    run = playbook("deploy.yml", *extra)
+    run = playbook("deploy.yml", *extra, inventory=inventory)
     assert run.rc != 0, run.output[-4000:]
-    assert expected in run.output, run.output[-4000:]
+    for text in [expected] if isinstance(expected, str) else expected:
+        assert text in run.output, run.output[-4000:]
     assert run.changed == 0, run.output[-4000:]
     assert main_pids(fleet) == before
     units_after = fleet.run("sha256sum /etc/systemd/system/llamafleet-*.service")
     assert {h: r.stdout for h, r in units_after.items()} == {h: r.stdout for h, r in units_before.items()}
     Endpoint.of(fleet).wait_healthy(timeout=30)
+
+
+@pytest.mark.parametrize(("extra", "expected"), BAD_INPUT)
+def test_bad_input_fails_before_any_change(deployed, fleet, extra, expected):
+    assert_fails_before_any_change(fleet, extra, expected)
+
+
+@pytest.fixture(scope="module")
+def bad_models(deployed):
+    """tests/e2e/bad_models.py's files on the lab mirror, removed afterwards."""
+    made, written = make_bad_models()
+    yield made
+    for path in written:
+        path.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("case", ["html-page", "truncated-gguf", "unknown-architecture"])
+def test_bad_model_file_fails_before_any_change(bad_models, fleet, case):
+    """The model role's preflight reads each file's GGUF header over HTTP ranges (module_utils/fetch.py)."""
+    bad = bad_models[case]
+    assert_fails_before_any_change(fleet, bad.extra_vars(), bad.expected)
+
+
+@pytest.mark.parametrize("missing", [False, True], ids=["empty", "missing"])
+def test_no_workers_fails_before_any_change(deployed, fleet, tmp_path, missing):
+    """The lab inventory with an empty (or no) workers group: only lab1 is left, and preflight refuses."""
+    lines, in_workers = [], False
+    for line in INVENTORY.read_text().splitlines():
+        if line.strip().startswith("["):
+            in_workers = line.strip() == "[llamafleet_workers]"
+            if in_workers and missing:
+                continue
+        elif in_workers and line.strip() or missing and line.strip() == "llamafleet_workers":
+            continue  # the workers' lines, and the group as a child of llamafleet
+        lines.append(line)
+    (tmp_path / "hosts.ini").write_text("\n".join(lines) + "\n")
+    shutil.copytree(INVENTORY.parent / "group_vars", tmp_path / "group_vars")
+    assert_fails_before_any_change(
+        fleet, [], "the inventory group llamafleet_workers is %s" % ("missing" if missing else "empty"),
+        inventory=tmp_path / "hosts.ini")
 
 
 def test_orchestrator_is_elected_when_the_inventory_pins_none(deployed, tmp_path):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 
@@ -63,3 +63,34 @@ def fnv_helper(tmp_path_factory: pytest.TempPathFactory) -> str:
     source = REPO / "roles" / "llamacpp_build" / "files" / "llamafleet-fnv1a64.c"
     subprocess.run([compiler, "-O2", "-Wall", "-Werror", "-pthread", "-o", str(out), str(source)], check=True)
     return str(out)
+
+
+@pytest.fixture
+def serve_dir() -> Iterator[Callable[..., str]]:
+    """Factory: serve_dir(root, ranges=True) serves ``root`` on loopback until the test ends; returns the base URL.
+
+    With ranges, the lab mirror (byte ranges, 206); without, http.server, which ignores Range and answers 200.
+    """
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    from llamafleet.lab.mirror import MirrorServer
+
+    servers = []
+
+    def serve(root: Path, ranges: bool = True) -> str:
+        if ranges:
+            srv = MirrorServer(("127.0.0.1", 0), root)
+        else:
+            srv = ThreadingHTTPServer(("127.0.0.1", 0),
+                                      functools.partial(SimpleHTTPRequestHandler, directory=str(root)))
+        srv.handle_error = lambda *args: None  # a client that closes early is no error here
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        servers.append(srv)
+        return f"http://127.0.0.1:{srv.server_address[1]}"
+
+    yield serve
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()

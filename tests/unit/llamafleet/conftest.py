@@ -117,7 +117,9 @@ class FakeServer:
             def handle_one(self, method: str) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 server.seen.append((method, self.path, self.headers.get("Authorization"), body))
-                if server.api_key and self.headers.get("Authorization") != f"Bearer {server.api_key}":
+                # as llama-server: /health is public, everything else needs the key when one is set
+                if (server.api_key and self.path not in ("/health", "/v1/health")
+                        and self.headers.get("Authorization") != f"Bearer {server.api_key}"):
                     return self.reply(401, b'{"error":{"code":401,"message":"Invalid API Key"}}')
                 if server.loading_left > 0:
                     server.loading_left -= 1

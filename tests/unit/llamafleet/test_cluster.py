@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llamafleet.cluster import Endpoint, error_message, read_plan, server_log, server_log_command
+from llamafleet.cluster import Endpoint, api_key_of, error_message, read_plan, server_log, server_log_command
 from llamafleet.core import constants
 from llamafleet.errors import UserError
 from llamafleet.fleet import Fleet, Host
@@ -28,14 +28,58 @@ def test_endpoint_of_the_recorded_lab_inventory(lab_inventory):
 def test_endpoint_address_and_port(vars_, url):
     data = {constants.GROUP_ORCHESTRATOR: {"hosts": ["o"]},
             "_meta": {"hostvars": {"o": {"llamafleet_cluster_address": "10.0.0.1", **vars_}}}}
-    assert Endpoint.of(Fleet.from_inventory_json(data)).url == url
+    assert Endpoint.of(Fleet.from_inventory_json(data), api_key="").url == url
 
 
-def test_health_ok_sends_the_api_key(server):
+def _orchestrator_fleet(**hostvars: object) -> Fleet:
+    data = {constants.GROUP_ORCHESTRATOR: {"hosts": ["o"]},
+            "_meta": {"hostvars": {"o": {"llamafleet_cluster_address": "10.0.0.1", **hostvars}}}}
+    return Fleet.from_inventory_json(data)
+
+
+@pytest.mark.parametrize(
+    ("env", "vars_", "key"),
+    [({"LLAMAFLEET_API_KEY": "from-env"}, {"llama_server_api_key": "from-var"}, "from-env"),
+     ({}, {"llama_server_api_auth": "false", "llama_server_api_key": "from-var"}, ""),
+     ({}, {"llama_server_api_auth": False}, ""),
+     ({}, {"llama_server_api_key": " from-var\n"}, "from-var")],
+)
+def test_api_key_from_the_environment_or_the_inventory(monkeypatch, env, vars_, key):
+    monkeypatch.delenv("LLAMAFLEET_API_KEY", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert api_key_of(_orchestrator_fleet(**vars_)) == key
+
+
+def test_api_key_from_a_controller_file(monkeypatch, tmp_path):
+    monkeypatch.delenv("LLAMAFLEET_API_KEY", raising=False)
+    (tmp_path / "key").write_text("file-key-0123456789\n")
+    assert api_key_of(_orchestrator_fleet(llama_server_api_key_file=str(tmp_path / "key"))) == "file-key-0123456789"
+    with pytest.raises(UserError, match="o: llama_server_api_key_file=.*missing: No such file"):
+        api_key_of(_orchestrator_fleet(llama_server_api_key_file=str(tmp_path / "missing")))
+
+
+def test_api_key_read_on_the_orchestrator_when_the_inventory_has_none(monkeypatch):
+    monkeypatch.delenv("LLAMAFLEET_API_KEY", raising=False)
+    fleet = _orchestrator_fleet()
+    asked = []
+
+    def run_one(command, host, timeout=60.0, what=""):
+        asked.append((command, host.name))
+        return "generated-key\n"
+
+    monkeypatch.setattr(fleet, "run_one", run_one)
+    assert api_key_of(fleet) == "generated-key"
+    assert asked == [(f"cat {constants.API_KEY_PATH}", "o")]
+
+
+def test_health_is_public_and_the_rest_needs_the_key(server):
     srv = server(api_key="k3y")
-    assert srv.endpoint("k3y").health() == "ok"
-    assert srv.seen[-1][:3] == ("GET", "/health", "Bearer k3y")
-    assert srv.endpoint().health() == "HTTP 401: Invalid API Key"
+    assert srv.endpoint().health() == "ok"
+    assert srv.seen[-1][:3] == ("GET", "/health", None)
+    assert srv.endpoint("k3y").complete("abc")["content"] == "cba"
+    with pytest.raises(UserError, match="HTTP 401: Invalid API Key"):
+        srv.endpoint().complete("abc")
 
 
 def test_health_while_loading_and_when_nothing_listens(server):

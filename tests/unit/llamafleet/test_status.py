@@ -115,7 +115,8 @@ def test_fleet_status_reads_every_host_once(machine_fleet):
     assert (orch["role"], orch["state"], orch["health"]) == ("orchestrator", "active", "ok")
     assert orch["unit"] == constants.LLAMA_SERVER_UNIT and orch["cache_files"] is None
     assert orch["endpoint"] == f"http://127.0.0.1:{machine_fleet.server.port}"
-    assert machine_fleet.server.seen[-1][:3] == ("GET", "/health", "Bearer s3cret")
+    # /health is public: status sends no key (and so never reads it from the orchestrator)
+    assert machine_fleet.server.seen[-1][:3] == ("GET", "/health", None)
     lab2 = rows["lab2"]
     assert (lab2["state"], lab2["unit"], lab2["build"]) == ("active", constants.RPC_SERVER_UNIT, orch["build"])
     cache_dir = machine_fleet.fleet.hosts["lab2"].vars["rpc_server_home"] + "/cache/rpc"

@@ -136,7 +136,9 @@ def _common_includes() -> list[tuple[str, dict]]:
 
 def test_both_service_roles_use_common() -> None:
     assert sorted(where.split("/")[0] + " " + where.rsplit(" ", 1)[1] for where, _task in _common_includes()) == [
-        "bench port_check", "llama_server port_check", "llama_server supported_system", "llama_server user",
+        # llama_server checks two ports: the clients' (the gate's) and llama-server's loopback one
+        "bench port_check", "llama_server port_check", "llama_server port_check", "llama_server supported_system",
+        "llama_server user",
         "llamacpp_build supported_system",
         "rpc_server port_check", "rpc_server supported_system", "rpc_server user"]
 
@@ -163,9 +165,12 @@ def test_deploy_runs_every_preflight_then_records_it() -> None:
     roles = [t["ansible.builtin.include_role"]["name"].rsplit(".", 1)[1] for t in includes]
     assert sorted(roles) == DEPLOY and all(t["ansible.builtin.include_role"]["tasks_from"] == "preflight"
                                            for t in includes)
-    # then the checks across hosts (run once, on what every host's preflight computed), then the record
-    across = tasks[len(includes):-1]
-    assert tasks[:len(includes)] == includes and across and all(t.get("run_once") for t in across)
+    # first the checks of the inventory's groups (run once), then every role's preflight, then the checks
+    # across hosts (run once, on what every host's preflight computed), then the record
+    first = tasks.index(includes[0])
+    assert first > 0 and all(t.get("run_once") for t in tasks[:first])
+    across = tasks[first + len(includes):-1]
+    assert tasks[first:first + len(includes)] == includes and across and all(t.get("run_once") for t in across)
     assert tasks[-1]["ansible.builtin.set_fact"] == {"_llamafleet_preflight_done": True}
     # ...before any play that applies a role
     assert plays.index(play) < min(i for i, p in enumerate(plays) if p.get("roles"))

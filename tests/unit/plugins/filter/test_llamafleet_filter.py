@@ -23,7 +23,9 @@ FACTS = {"distribution": "Debian", "distribution_major_version": "12", "architec
 
 def test_the_filters() -> None:
     assert set(FILTERS) == {"elect_orchestrator", "rpc_server_instances", "rpc_server_endpoints",
-                            "llamacpp_build_identity", "llamacpp_cluster_source_mismatch"}
+                            "llamacpp_build_identity", "llamacpp_cluster_source_mismatch",
+                            "rpc_server_instances_problem", "fleet_groups_problem", "rpc_endpoint_clash",
+                            "bind_address_problem"}
 
 
 def test_elect_orchestrator() -> None:
@@ -73,3 +75,29 @@ def test_cluster_source_mismatch() -> None:
     assert "git commit %s on lab1; git commit %s on lab2" % ("a" * 40, "b" * 40) in message
     with pytest.raises(AnsibleFilterError, match="llamacpp_cluster_source_mismatch: "):
         FILTERS["llamacpp_cluster_source_mismatch"](["lab1"])
+
+
+def test_rpc_server_instances_problem_names_the_variable() -> None:
+    assert FILTERS["rpc_server_instances_problem"]([], 50052) == ""
+    assert FILTERS["rpc_server_instances_problem"](None, 50052) == ""
+    assert FILTERS["rpc_server_instances_problem"]([], 70000) == (
+        "rpc_server_port 70000 gives ports 70000-70000, outside 1-65535")
+    assert FILTERS["rpc_server_instances_problem"](["CUDA0", "CUDA1"], 65535, True) == (
+        "rpc_server_port 65535 gives ports 65535-65536, outside 1-65535")
+    assert FILTERS["rpc_server_instances_problem"]("CUDA0", 50052).startswith("rpc_server_devices must be a list")
+
+
+def test_fleet_checks_filters() -> None:
+    groups = ("llamafleet_orchestrator", "llamafleet_workers")
+    assert FILTERS["fleet_groups_problem"](["lab1"], ["lab2"], *groups) == ""
+    assert "group llamafleet_workers is missing" in FILTERS["fleet_groups_problem"](["lab1"], None, *groups)
+    assert "has 2 hosts (lab1, lab2)" in FILTERS["fleet_groups_problem"](("lab2", "lab1"), ["lab3"], *groups)
+    clash = FILTERS["rpc_endpoint_clash"]({"lab2": ["10.77.0.12:50052"], "lab2b": ["10.77.0.12:50052"]})
+    assert "(10.77.0.12:50052 on lab2 and lab2b)" in clash
+    with pytest.raises(AnsibleFilterError, match="rpc_endpoint_clash: "):
+        FILTERS["rpc_endpoint_clash"](["lab2"])
+    assert FILTERS["bind_address_problem"]("10.77.0.12", "rpc_server_bind_address", ["10.77.0.12"], False) == ""
+    assert FILTERS["bind_address_problem"]("127.0.0.1", "llama_server_bind_address", None, loopback_ok=True) == ""
+    assert FILTERS["bind_address_problem"]("0.0.0.0", "rpc_server_bind_address", ["10.77.0.12"], False,
+                                           "rpc_server_allow_any_address").endswith(
+        "set rpc_server_allow_any_address=true to allow it")

@@ -450,3 +450,75 @@ def test_real_gemma_tensor_table() -> None:
     assert types == ["F32", "Q4_K", "Q5_0", "Q6_K", "Q8_0"]
     last = max(ours.tensors, key=lambda t: t.offset)
     assert last.offset + last.nbytes == ours.file_size
+
+
+# --- parsing from the first bytes (an HTTP range) ------------------------------------------------
+
+
+def test_prefix_parse_asks_for_more_until_the_tensor_table_is_read(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "m.gguf", _llama_meta(), _llama_tensors())
+    data = path.read_bytes()
+    whole = read_gguf(path, max_array_items=10)
+    parsed_from = None
+    for cut in range(whole.data_offset + 1):
+        try:
+            header = gguf.read_gguf_prefix(data[:cut], "model_files[0]", len(data), max_array_items=10)
+        except gguf.GGUFIncomplete as more:
+            # asks for bytes past the cut, never past the header; once parsed, longer prefixes parse too
+            assert parsed_from is None and cut < more.needed <= whole.data_offset, (cut, more.needed)
+            continue
+        parsed_from = cut if parsed_from is None else parsed_from
+        assert (header.data_offset, header.file_size) == (whole.data_offset, len(data))
+        assert [(t.name, t.offset, t.nbytes) for t in header.tensors] == [
+            (t.name, t.offset, t.nbytes) for t in whole.tensors]
+    assert parsed_from is not None and parsed_from > 8
+    assert gguf.data_end(header) == gguf.data_end(whole) == len(data)
+    # unknown size: the same header, the size is what was read
+    assert gguf.read_gguf_prefix(data[:whole.data_offset], "m", None).file_size == whole.data_offset
+
+
+def test_prefix_of_a_file_cut_inside_its_header_is_an_error(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "m.gguf", _llama_meta(), _llama_tensors())
+    data = path.read_bytes()[:300]
+    with pytest.raises(GGUFError, match=r"^model_files\[0\]: (file ends inside the GGUF header|string of \d+ bytes "
+                                        r"runs past the end of the file)") as info:
+        gguf.read_gguf_prefix(data, "model_files[0]", len(data))
+    assert not isinstance(info.value, gguf.GGUFIncomplete)
+    with pytest.raises(GGUFError, match="not a GGUF file"):
+        gguf.read_gguf_prefix(b"<!DOCTYPE html>", "x", 15)
+
+
+def test_data_end_of_a_truncated_file_is_past_its_size(tmp_path: Path) -> None:
+    full = write_gguf(tmp_path / "full.gguf", _llama_meta(), _llama_tensors())
+    cut = full.stat().st_size // 2
+    data = full.read_bytes()[:cut]
+    header = gguf.read_gguf_prefix(data, "m", cut)
+    assert gguf.data_end(header) == full.stat().st_size > cut
+    # read from disk the same file is refused by its first short tensor
+    (tmp_path / "cut.gguf").write_bytes(data)
+    with pytest.raises(GGUFError, match="but the file has only %d bytes" % cut):
+        read_gguf(tmp_path / "cut.gguf")
+
+
+def test_data_end_without_tensors_is_the_header(tmp_path: Path) -> None:
+    header = read_gguf(write_gguf(tmp_path / "m.gguf", {"general.architecture": "llama"}))
+    assert gguf.data_end(header) == header.data_offset
+
+
+@pytest.mark.parametrize(("metadata", "message"), [
+    ({"general.architecture": "llama", "llama.block_count": 2, "llama.embedding_length": 64}, None),
+    ({"general.architecture": "gemma9", "gemma3.block_count": 2, "gemma3.embedding_length": 64},
+     "m: required metadata keys gemma9.block_count and gemma9.embedding_length are missing for "
+     "general.architecture 'gemma9': an architecture the planner does not know"),
+    ({"general.architecture": "llama", "llama.block_count": 2},
+     "m: required metadata key llama.embedding_length is missing for general.architecture 'llama'"),
+    ({"general.name": "x"}, "m: required metadata key general.architecture is missing"),
+    ({"general.architecture": 7}, "m: required metadata key general.architecture is missing"),
+])
+def test_architecture(metadata: dict, message: str | None) -> None:
+    if message is None:
+        assert gguf.architecture(metadata, "m") == "llama"
+    else:
+        with pytest.raises(GGUFError) as info:
+            gguf.architecture(metadata, "m")
+        assert str(info.value).startswith(message)

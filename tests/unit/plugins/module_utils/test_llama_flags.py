@@ -9,6 +9,7 @@ import pytest
 from ansible_collections.llamafleet.cluster.plugins.module_utils.llama_flags import (
     FlagError,
     detect_features,
+    kv_unified_args,
     load_mode_args,
     parse_help_flags,
     parse_version,
@@ -59,6 +60,8 @@ MODEL = "/var/lib/llamafleet/models/m.gguf"
     ("api_key_file", True, True),
     ("ctx_size", True, True),
     ("parallel", True, True),
+    ("kv_unified", True, False),
+    ("no_kv_unified", True, False),
     ("chat_template", True, True),
     ("log_verbosity", True, True),
 ])
@@ -180,6 +183,43 @@ def test_single_device_plan_needs_no_split_and_quantized_kv_is_rendered() -> Non
     argv = render_llama_server_argv(BIN, plan, NEW, MODEL)
     assert "--rpc" not in argv and "-ts" not in argv
     assert argv[argv.index("-ctk") + 1] == "q8_0" and argv[argv.index("-ctv") + 1] == "q8_0"
+
+
+# A build from before automatic slots: -kvu/--kv-unified without the negative spelling.
+KVU_ONLY = {**NEW, "no_kv_unified": False}
+
+
+@pytest.mark.parametrize("slots, unified, features, expected", [
+    (8, True, NEW, ["-np", "8", "--kv-unified"]),
+    (8, True, KVU_ONLY, ["-np", "8", "--kv-unified"]),
+    (2, False, NEW, ["-np", "2", "--no-kv-unified"]),
+    (2, False, KVU_ONLY, ["-np", "2"]),          # per-slot caches are all such a build does unasked
+    (2, False, OLD, ["-np", "2"]),
+    (1, True, NEW, ["-np", "1"]),                # one slot: both layouts are one stream of -c cells
+    (1, True, OLD, ["-np", "1"]),
+    (1, False, NEW, ["-np", "1"]),
+    (2, None, NEW, ["-np", "2"]),                # a plan from before kv_unified was recorded
+])
+def test_slots_and_kv_layout_are_rendered_by_feature(slots: int, unified: bool | None, features: dict,
+                                                     expected: list[str]) -> None:
+    plan = dict(PLAN, n_parallel=slots, kv_unified=unified)
+    argv = render_llama_server_argv(BIN, plan, features, MODEL)
+    start = argv.index("-np")
+    assert argv[start:argv.index("--host")] == expected
+
+
+def test_one_slot_without_a_unified_cache_renders_as_before() -> None:
+    before = render_llama_server_argv(BIN, dict(PLAN, n_parallel=1), NEW, MODEL)
+    assert render_llama_server_argv(BIN, dict(PLAN, n_parallel=1, kv_unified=False), NEW, MODEL) == before
+    assert before[before.index("-np"):before.index("-np") + 3] == ["-np", "1", "--host"]
+
+
+@pytest.mark.parametrize("features", [OLD, {**NEW, "kv_unified": False, "no_kv_unified": False}])
+def test_a_unified_cache_needs_the_flag(features: dict) -> None:
+    with pytest.raises(FlagError, match=r"llama_server_kv_unified \(kv_unified\) asks for one KV cache shared by the "
+                                        r"4 slots, but llama-server of this build has no --kv-unified"):
+        render_llama_server_argv(BIN, dict(PLAN, n_parallel=4, kv_unified=True), features, MODEL)
+    assert kv_unified_args(False, 4, features, "llama-server") == []
 
 
 @pytest.mark.parametrize("features, kwargs, message", [

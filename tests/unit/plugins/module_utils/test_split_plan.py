@@ -19,7 +19,9 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.log_parse impor
     parse_load_log,
 )
 from ansible_collections.llamafleet.cluster.plugins.module_utils.split_plan import (
+    MAX_AUTO_SLOTS,
     MAX_DEVICES,
+    MIN_SLOT_CTX,
     PlanError,
     assemble_plan,
     assign_layers,
@@ -30,10 +32,12 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.split_plan impo
     layers_from_split,
     model_devices,
     plan_split,
+    resolve_slots,
     size_fleet,
     validate_request,
 )
 from ansible_collections.llamafleet.cluster.plugins.module_utils.split_policies import choose_split
+from ansible_collections.llamafleet.cluster.plugins.module_utils.split_units import auto_slots
 
 MIB = 2**20
 GIB = 2**30
@@ -177,6 +181,114 @@ def test_kv_cache_types_scale(k: str, v: str | None, factor: float) -> None:
 
 def test_kv_full_context_without_swa() -> None:
     assert kv_bytes_per_layer(GEMMA, 4096, 2, swa=False) == [4 * MIB] * 18
+
+
+@pytest.mark.parametrize("n_parallel, unified, cells, dense_mib, swa_mib", [
+    # llama-server 0c1e570, gemma-3-270m, -c 4096 -lv 4 on the CPU: "creating ... KV cache, size = N cells"
+    # and "KV buffer size" (non-SWA, then SWA)
+    (1, False, 4096, 12, 15),   # -np 1
+    (8, True, 4096, 12, 60),    # -np 8 -kvu: SWA layers hold n_swa x 8 + n_ubatch cells, capped at the context
+    (3, False, 4608, 13.5, 45),  # -np 3 -no-kvu: 3 streams of pad(4096 / 3) = 1536 cells, "rounding down to 4608"
+])
+def test_kv_per_slot_layout_matches_real_runs(n_parallel: int, unified: bool, cells: int, dense_mib: float,
+                                              swa_mib: float) -> None:
+    kv = kv_bytes_per_layer(GEMMA, 4096, n_parallel, kv_unified=unified)
+    dense = [il for il in range(18) if il % 6 == 5]
+    assert kv_cells(4096, n_parallel, unified) == cells
+    assert sum(kv[il] for il in dense) == dense_mib * MIB
+    assert sum(kv[il] for il in range(18) if il not in dense) == swa_mib * MIB
+
+
+@pytest.mark.parametrize("n_parallel", [2, 4, 8])
+def test_dense_kv_is_the_same_unified_or_per_slot_when_the_context_divides(n_parallel: int) -> None:
+    facts = model(n_layer=4)
+    assert kv_bytes_per_layer(facts, 8192, n_parallel, kv_unified=True) == \
+        kv_bytes_per_layer(facts, 8192, n_parallel, kv_unified=False) == kv_bytes_per_layer(facts, 8192, 1)
+
+
+# --- slots -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("ctx, slots", [
+    (1, 1),
+    (MIN_SLOT_CTX - 1, 1),
+    (MIN_SLOT_CTX, 1),
+    (2 * MIN_SLOT_CTX - 1, 1),
+    (2 * MIN_SLOT_CTX, 2),
+    (2048, 4),
+    (4095, 7),
+    (MIN_SLOT_CTX * MAX_AUTO_SLOTS, MAX_AUTO_SLOTS),
+    (131072, MAX_AUTO_SLOTS),
+])
+def test_auto_slots_one_per_min_slot_ctx_up_to_the_cap(ctx: int, slots: int) -> None:
+    assert auto_slots(ctx) == slots
+
+
+@pytest.mark.parametrize("ctx, n_parallel, unified, n_ctx_train, expected", [
+    (4096, 0, True, 0, (8, True, 4096)),          # auto, every request may use the whole context
+    (4096, 0, False, 0, (8, True, 512)),          # auto without a unified cache: 4096 / 8
+    (2048, 0, True, 32768, (4, True, 2048)),      # the lab's context
+    (4096, 3, False, 0, (3, False, 1536)),        # pad(4096 / 3, 256)
+    (4000, 1, True, 0, (1, False, 4096)),         # -c is padded to 256
+    (1024, 4, False, 0, (4, False, 256)),         # the smallest share allowed
+    (2047, 8, False, 0, (8, False, 256)),         # llama.cpp divides the padded context: 2048 / 8
+    (65536, 0, True, 32768, (8, True, 32768)),    # llama-server caps a slot at the training context
+    (65536, 2, False, 16384, (2, False, 16384)),
+])
+def test_resolve_slots(ctx: int, n_parallel: int, unified: bool, n_ctx_train: int, expected: tuple) -> None:
+    slots = resolve_slots(ctx, n_parallel, unified, n_ctx_train)
+    assert (slots["n_parallel"], slots["n_parallel_auto"], slots["slot_ctx"]) == expected
+    assert slots["kv_unified"] is unified
+
+
+@pytest.mark.parametrize("ctx, n_parallel, share", [
+    (1024, 5, 204),
+    (2048, 9, 227),
+    (300, 3, 512 // 3),  # -c 300 is padded to 512 first
+])
+def test_slots_without_a_unified_cache_need_256_tokens_each(ctx: int, n_parallel: int, share: int) -> None:
+    with pytest.raises(PlanError, match=r"n_parallel \(llama_server_parallel\) %d without a unified KV cache gives "
+                                        r"each slot %d of the %d tokens of ctx_size \(llama_server_ctx_size\), "
+                                        r"fewer than 256: .* at least %d" % (n_parallel, share, ctx, 256 * n_parallel)):
+        resolve_slots(ctx, n_parallel, False)
+    assert resolve_slots(ctx, n_parallel, True)["slot_ctx"] >= ctx  # one shared cache is never too small
+
+
+def test_kv_unified_must_be_a_bool() -> None:
+    with pytest.raises(PlanError, match="kv_unified is 'yes', expected true or false"):
+        resolve_slots(4096, 2, "yes")  # type: ignore[arg-type]
+
+
+def test_plan_records_the_resolved_slots() -> None:
+    fleet = [worker("w1", cpu(4000)), worker("w2", cpu(4000))]
+    plan = plan_split(fleet, None, GEMMA, ctx_size=4096, n_parallel=0, kv_unified=True, compute_mib=32)
+    recorded = json.loads(json.dumps(plan))  # what rpc_plan returns and the role writes to plan.json
+    assert {k: recorded[k] for k in ("n_parallel", "n_parallel_auto", "kv_unified", "slot_ctx", "kv_cells")} == {
+        "n_parallel": 8, "n_parallel_auto": True, "kv_unified": True, "slot_ctx": 4096, "kv_cells": 4096}
+    assert plan["explanation"][1] == ("8 slots (auto: 4096 ctx / 512), unified KV cache of 4096 tokens shared by all "
+                                      "slots, up to 4096 tokens per request")
+    # the devices hold the KV cache of the resolved slots (SWA layers grow with them)
+    assert plan["totals"]["kv_mib"] == round(sum(kv_bytes_per_layer(GEMMA, 4096, 8, kv_unified=True)) / MIB, 1) == 72
+    single = plan_split(fleet, None, GEMMA, ctx_size=4096, n_parallel=1, compute_mib=32)
+    assert (single["n_parallel"], single["n_parallel_auto"], single["kv_unified"], single["totals"]["kv_mib"]) == (
+        1, False, False, 27)
+
+
+@pytest.mark.parametrize("ctx, n_parallel, unified, line", [
+    (65536, 0, True, "8 slots (auto: 65536 ctx / 512, at most 8), unified KV cache of 65536 tokens shared by all "
+                     "slots, up to 32768 tokens per request (the model's training context)"),
+    (4096, 3, False, "3 slots, KV cache split per slot: 3 x 1536 tokens, up to 1536 tokens per request"),
+    (300, 0, True, "1 slot (auto: 300 ctx / 512), KV cache of 512 tokens, up to 512 tokens per request"),
+    (2048, 2, True, "2 slots, unified KV cache of 2048 tokens shared by all slots, up to 2048 tokens per request"),
+])
+def test_explanation_of_the_slots(ctx: int, n_parallel: int, unified: bool, line: str) -> None:
+    plan = plan_split([worker("w1", cpu(64000))], None, GEMMA, ctx_size=ctx, n_parallel=n_parallel,
+                      kv_unified=unified, compute_mib=32)
+    assert plan["explanation"][1] == line
+
+
+def test_slots_that_a_split_cache_cannot_hold_are_refused_by_the_planner() -> None:
+    with pytest.raises(PlanError, match="llama_server_parallel.*llama_server_ctx_size"):
+        plan_split([worker("w1", cpu(4000))], None, GEMMA, ctx_size=1024, n_parallel=8, kv_unified=False)
 
 
 # --- device order ------------------------------------------------------------------------------
@@ -335,14 +447,14 @@ def test_fleet_too_small() -> None:
     message = str(err.value)
     assert "at ctx_size 8192 needs 67.0 GiB (weights 63.5, KV 2.5, compute 1.0)" in message
     assert "the fleet has 36.0 GiB free on 2 devices" in message
-    assert message.endswith("add hosts or lower the context (ctx_size)")
+    assert message.endswith("add hosts or lower ctx_size (llama_server_ctx_size)")
 
 
 def test_context_alone_can_make_it_too_small() -> None:
     fleet = [worker("w1", cpu(4000)), worker("w2", cpu(4000))]
     facts = model(n_layer=8, layer_mib=200, kv_width=8192)
     plan_split(fleet, None, facts, ctx_size=4096)
-    with pytest.raises(PlanError, match="lower the context"):
+    with pytest.raises(PlanError, match="lower ctx_size"):
         plan_split(fleet, None, facts, ctx_size=65536)
 
 
@@ -425,7 +537,7 @@ def test_orchestrator_without_gpus_may_also_be_a_worker() -> None:
 @pytest.mark.parametrize("kwargs, message", [
     ({"cache_type_k": "q3_k"}, "cache_type_k is 'q3_k'; llama-server accepts f32, f16"),
     ({"cache_type_v": "fp8"}, "cache_type_v is 'fp8'"),
-    ({"n_parallel": 0}, "n_parallel is 0"),
+    ({"n_parallel": -1}, r"n_parallel is -1, expected 0 \(automatic\) or a number of slots up to 256"),
     ({"ctx_size": -1}, "ctx_size is -1"),
     ({"compute_mib": -5}, "compute_mib is -5"),
 ])
@@ -582,7 +694,9 @@ def test_validate_request() -> None:
     ({"link_rtt_ms": float("nan")}, "link_rtt_ms is nan"),
     ({"link_rtt_ms": True}, "link_rtt_ms is True"),
     ({"policy": "even", "tensor_split": [1, 1]}, "tensor_split sets the split by hand and policy even"),
-    ({"n_parallel": 0}, "n_parallel is 0"),
+    ({"n_parallel": -1}, "n_parallel is -1"),
+    ({"n_parallel": 257}, "n_parallel is 257"),
+    ({"n_parallel": True}, "n_parallel is True"),
 ])
 def test_validate_request_errors(kwargs: dict, message: str) -> None:
     with pytest.raises(PlanError, match=message):
@@ -618,7 +732,8 @@ def test_assemble_and_explain_a_chosen_split() -> None:
     assert [d["layers"]["range"] for d in plan["devices"]] == ["0-9", "10-17+output"]
     assert plan["totals"]["compute_mib"] == 64  # only devices that hold units keep a margin
     lines, warnings = explain_plan(plan, choice, GEMMA, None, 32)
-    assert lines[2] == "by hand"
+    assert lines[1] == "1 slot, KV cache of 1024 tokens, up to 1024 tokens per request"
+    assert lines[3] == "by hand"
     assert "not in --rpc: w2 (10.0.0.12:50052): its devices get no units, so llama-server neither connects to it " \
            "nor waits for it at start" in lines
     assert warnings == ["worker w2 (10.0.0.12:50052) gets no layers and is left out of --rpc: give it more memory "

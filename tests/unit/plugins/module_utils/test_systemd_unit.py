@@ -12,11 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils.constants import RPC_FIREWALL_UNIT
+from ansible_collections.llamafleet.cluster.plugins.module_utils.constants import (
+    GATE_CONFIG_PATH,
+    GATE_RUNTIME_DIR,
+    GATE_SCRIPT,
+    GATE_UNIT,
+    LLAMA_SERVER_UNIT,
+    RPC_FIREWALL_UNIT,
+)
 from ansible_collections.llamafleet.cluster.plugins.module_utils.llama_flags import FlagError
 from ansible_collections.llamafleet.cluster.plugins.module_utils.systemd_unit import (
     BACKEND_DEVICE_NODES,
     UnitError,
+    render_gate_unit,
+    render_rpc_guard_unit,
     render_rpc_server_unit,
     render_systemd_unit,
     systemd_exec,
@@ -315,3 +324,55 @@ def test_systemd_analyze_security(tmp_path: Path, service: str) -> None:
     assert scores["cpu"] <= 4.0, scores
     # GPU units give up only the device protections: open /dev, and the clock (which would close it)
     assert all(scores["cpu"] < scores[b] <= scores["cpu"] + 0.6 for b in ("cuda", "rocm", "vulkan")), scores
+
+
+# --- the serving gate ---------------------------------------------------------------------------------------
+
+def test_gate_unit_runs_the_gate_as_llama_servers_user_with_a_runtime_folder() -> None:
+    unit = render_gate_unit(user="llm", header="# managed")
+    found = directives(unit)
+    assert ("Service", "User", "llm") in found
+    assert ("Service", "RuntimeDirectory", GATE_RUNTIME_DIR) in found
+    assert ("Service", "Restart", "always") in found
+    assert ("Unit", "After", "network-online.target " + LLAMA_SERVER_UNIT) in found
+    (start,) = [value for section, key, value in found if key == "ExecStart"]
+    assert start.split() == ["/usr/bin/python3", GATE_SCRIPT, "--config", GATE_CONFIG_PATH]
+    # no device at all: the CPU policy
+    assert not [node for nodes in NODES.values() for node in nodes if reachable(unit, node)]
+    assert unit.startswith("# managed\n")
+
+
+@pytest.mark.parametrize("name", ["../etc", "a/b", "", "x y"])
+def test_runtime_directory_is_one_folder_name(name: str) -> None:
+    if not name:
+        assert "RuntimeDirectory" not in render_systemd_unit(["/bin/true"], runtime_directory=name)
+        return
+    with pytest.raises(UnitError, match="runtime_directory"):
+        render_systemd_unit(["/bin/true"], runtime_directory=name)
+
+
+@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="no systemd-analyze")
+def test_gate_unit_verifies_and_scores_like_the_cpu_units(tmp_path: Path) -> None:
+    text = render_gate_unit(python="/bin/true")
+    unit = tmp_path / GATE_UNIT
+    unit.write_text(text)
+    done = subprocess.run([SYSTEMD_ANALYZE, "verify", "--man=no", str(unit)], capture_output=True, text=True,
+                          check=False)
+    problems = [line for line in done.stderr.splitlines() if unit.name in line
+                and "Special user" not in line and "is not a valid user" not in line]
+    assert not problems, done.stderr
+    assert exposure(tmp_path, "gate-" + GATE_UNIT, text) <= 4.0
+
+
+def test_rpc_guard_unit_watches_every_rpc_server_of_the_host() -> None:
+    unit = render_rpc_guard_unit({50053: "llamafleet-rpc-server-vulkan1.service",
+                                  50052: "llamafleet-rpc-server-vulkan0.service"}, stale=25, user="rpcu")
+    found = directives(unit)
+    (start,) = [value for section, key, value in found if key == "ExecStart"]
+    assert shlex.split(start.replace("\\\n", " ")) == [
+        "/usr/bin/python3", GATE_SCRIPT, "guard", "--stale", "25",
+        "50052=llamafleet-rpc-server-vulkan0.service", "50053=llamafleet-rpc-server-vulkan1.service"]
+    assert ("Service", "User", "rpcu") in found and ("Service", "Restart", "always") in found
+    assert not [node for nodes in NODES.values() for node in nodes if reachable(unit, node)]
+    with pytest.raises(UnitError, match="at least one rpc-server"):
+        render_rpc_guard_unit({})

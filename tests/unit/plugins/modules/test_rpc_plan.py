@@ -124,8 +124,8 @@ def test_rendered_argv_and_unit(tmp_path: Path, capsys: pytest.CaptureFixture[st
     plan = result["plan"]
     assert result["argv"] == [
         BINARY, "-m", MODEL, "--rpc", "10.77.0.12:50052,10.77.0.13:50052", "-ngl", "19", "-sm", "layer",
-        "-ts", plan["tensor_split_arg"], "--fit", "off", "-c", "4096", "-np", "2", "--host", "10.77.0.11",
-        "--port", "8080", "--metrics", "--chat-template", "gemma", "-lv", "4",
+        "-ts", plan["tensor_split_arg"], "--fit", "off", "-c", "4096", "-np", "2", "--kv-unified",
+        "--host", "10.77.0.11", "--port", "8080", "--metrics", "--chat-template", "gemma", "-lv", "4",
     ]
     lines = result["unit"].splitlines()
     assert lines[:4] == ["#", "# Ansible managed: do not edit", "#", "# llama.cpp build b1-cpu"]
@@ -150,15 +150,21 @@ def test_changed_content_and_mode_are_changes(tmp_path: Path, capsys: pytest.Cap
 
 def test_old_build_features_render_old_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     old = detect_features((FIXTURES / "llama-server_no-mmap-era_help_excerpt_reconstructed.txt").read_text())
-    a = render_args(tmp_path / "u.service", features=old)
+    a = render_args(tmp_path / "u.service", features=old, kv_unified=False)
     a["server"]["load_mode"] = "none"
     rc, result = run_module(a, capsys)
     assert rc == 0
     assert "--fit" not in result["argv"] and "--no-mmap" in result["argv"]
+    assert "--kv-unified" not in result["argv"] and "--no-kv-unified" not in result["argv"]
+    # the default, one cache shared by the 2 slots, needs --kv-unified, which that build lacks
+    rc, result = run_module(dict(a, kv_unified=True), capsys)
+    assert rc == 1
+    assert "llama_server_kv_unified (kv_unified) asks for one KV cache shared by the 2 slots" in result["msg"]
 
 
 @pytest.mark.parametrize("extra, message", [
-    ({"ctx_size": 10_000_000}, "lower the context (ctx_size)"),
+    ({"ctx_size": 10_000_000}, "lab1: the model at ctx_size 10000000 needs"),
+    ({"ctx_size": 10_000_000}, "add hosts or lower ctx_size (llama_server_ctx_size)"),
     ({"tensor_split": [1.0]}, "tensor_split: 1 values given, there are 2 devices in this order: "
                               "RPC0 10.77.0.12:50052, RPC1 10.77.0.13:50052"),
     ({"binary": BINARY, "model": [MODEL]}, "features is required"),
@@ -266,3 +272,30 @@ def test_module_docs_and_role_agree_on_margin_and_policies() -> None:
     assert options["policy"]["default"] == defaults["llama_server_split_policy"]
     configure = (ROLE / "tasks" / "configure.yml").read_text()
     assert "policy: \"{{ llama_server_split_policy }}\"" in configure
+
+
+def test_module_and_role_default_to_automatic_slots_sharing_one_cache() -> None:
+    import yaml
+
+    options = yaml.safe_load(rpc_plan.DOCUMENTATION)["options"]
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    assert options["n_parallel"]["default"] == defaults["llama_server_parallel"] == 0
+    assert options["kv_unified"]["default"] is defaults["llama_server_kv_unified"] is True
+    configure = (ROLE / "tasks" / "configure.yml").read_text()
+    assert "kv_unified: \"{{ llama_server_kv_unified | bool }}\"" in configure
+
+
+def test_default_slots_are_resolved_and_recorded(capsys: pytest.CaptureFixture[str]) -> None:
+    a = args()
+    del a["n_parallel"]
+    rc, result = run_module(a, capsys)
+    assert rc == 0
+    plan = result["plan"]
+    assert (plan["n_parallel"], plan["n_parallel_auto"], plan["kv_unified"], plan["slot_ctx"]) == (8, True, True, 4096)
+    assert "8 slots (auto: 4096 ctx / 512)" in result["explain"][1]
+
+
+def test_split_cache_too_small_per_slot_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, result = run_module(args(ctx_size=1024, n_parallel=8, kv_unified=False), capsys)
+    assert rc == 1
+    assert "llama_server_parallel" in result["msg"] and "llama_server_ctx_size" in result["msg"]

@@ -1,0 +1,906 @@
+"""serving_gate: pure parts table-driven, and the proxy over real sockets against a small fake llama-server."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import json
+import re
+import shutil
+import socket
+import ssl
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import pytest
+
+from ansible_collections.llamafleet.cluster.plugins.module_utils import serving_gate as sg
+from ansible_collections.llamafleet.cluster.plugins.module_utils.serving_gate import (
+    DOWN,
+    LOADING,
+    SERVING,
+    CanaryOutcome,
+    ChunkDecoder,
+    ChunkError,
+    Config,
+    Decision,
+    Gate,
+    HeadError,
+    Memory,
+    Observation,
+    Worker,
+    count_stalls,
+    decide,
+    established_on,
+    guard_decide,
+    load_config,
+    parse_listeners,
+    parse_ss,
+    remember,
+    rpc_endpoints,
+    running_workers,
+    worker_links,
+)
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "ss"
+STALLED_REAL = (FIXTURES / "ss_tinHO_established_stalled_iproute2-6.1.0_real.txt").read_text()
+IDLE_REAL = (FIXTURES / "ss_tinHO_nofilter_idle_iproute2-6.1.0_real.txt").read_text()
+
+LAB = (Worker("lab2", "10.77.0.12", 50052), Worker("lab3", "10.77.0.13", 50052))
+# restart_after equal to the stall threshold: the table below restarts on any confirmed stall;
+# test_a_stall_restarts_only_once_it_lasts_restart_after covers the default.
+CFG = Config(listen_port=8080, upstream_port=8081, unit="llamafleet-llama-server.service", workers=LAB,
+             restart_after=4.0)
+
+
+def _ss_line(peer: str, *, sendq: int = 0, unacked: int = 0, lastack: int = 120, local: str = "10.77.0.11:41234",
+             state: str = "") -> str:
+    extra = " unacked:%d retrans:1/5 backoff:4" % unacked if unacked else ""
+    return ("%s0      %-6d %s %s cubic wscale:7,7 rto:3264 rtt:0.31/0.1 ato:40 mss:1448 cwnd:1 bytes_sent:9876 "
+            "bytes_acked:4321 lastsnd:%d lastrcv:%d lastack:%d%s rcv_space:14480 minrtt:0.2"
+            % (state, sendq, local, peer, lastack - 80, lastack, lastack, extra))
+
+
+# ---------------------------------------------------------------------------------------------------------- ss
+
+
+def test_parse_ss_real_stalled_link() -> None:
+    stalled, listener = parse_ss(STALLED_REAL)
+    assert stalled == {"state": "ESTAB", "recv_q": 0, "send_q": 4096, "local": ("127.0.0.1", 44360),
+                       "peer": ("127.0.0.1", 50052), "unacked": 1, "lastsnd_ms": 2156, "lastrcv_ms": 5508,
+                       "lastack_ms": 5508, "retrans": (1, 5), "rto_ms": 3264, "backoff": 4}
+    assert listener["local"] == ("127.0.0.1", 50052) and listener["unacked"] == 0 and listener["retrans"] == (0, 0)
+    assert sg.link_stalled(stalled, 4.0) and not sg.link_stalled(stalled, 6.0) and not sg.link_stalled(listener, 1)
+
+
+def test_parse_ss_real_line_with_state_column() -> None:
+    first, second = parse_ss(IDLE_REAL)
+    assert (first["state"], first["recv_q"], first["send_q"]) == ("ESTAB", 4900, 0)
+    assert (second["local"], second["peer"], second["lastack_ms"]) == (("127.0.0.1", 38004), ("127.0.0.1", 40437), 1220)
+
+
+@pytest.mark.parametrize(("line", "peer"), [
+    (_ss_line("[::ffff:10.77.0.12]:50052", local="[::ffff:10.77.0.11]:41234"), ("10.77.0.12", 50052)),
+    (_ss_line("[fe80::1%eth0]:50052", local="[fe80::2%eth0]:41234"), ("fe80::1", 50052)),
+    (_ss_line("[2001:DB8::0:1]:50052", local="[2001:db8::2]:1"), ("2001:db8::1", 50052)),
+    (_ss_line("10.77.0.12%lfbr0:50052", local="10.77.0.11:1"), ("10.77.0.12", 50052)),
+])
+def test_parse_ss_addresses(line: str, peer: tuple[str, int]) -> None:
+    assert [conn["peer"] for conn in parse_ss(line)] == [peer]
+
+
+@pytest.mark.parametrize("text", ["", "Recv-Q Send-Q Local Address:Port Peer Address:Port",
+                                  "0 0 nonsense", "garbage 1 2 3 4", "0 0 10.0.0.1:x 10.0.0.2:50052"])
+def test_parse_ss_skips_what_is_not_a_socket(text: str) -> None:
+    assert parse_ss(text) == []
+
+
+def _links(*lines: str, stall: float = 4.0) -> dict[str, dict[str, Any]]:
+    return worker_links(parse_ss("\n".join(lines)), LAB, stall)
+
+
+@pytest.mark.parametrize(("lines", "expected"), [
+    ((_ss_line("10.77.0.12:50052"), _ss_line("10.77.0.13:50052")), {"lab2": "ok", "lab3": "ok"}),
+    ((_ss_line("10.77.0.12:50052"), _ss_line("10.77.0.13:50052", sendq=4096, unacked=3, lastack=4300)),
+     {"lab2": "ok", "lab3": "stalled"}),
+    # unacked data but a recent ACK: busy, not stalled
+    ((_ss_line("10.77.0.12:50052", sendq=65536, unacked=40, lastack=3), _ss_line("10.77.0.13:50052")),
+     {"lab2": "ok", "lab3": "ok"}),
+    # an old ACK with nothing in flight: idle, not stalled
+    ((_ss_line("10.77.0.12:50052", lastack=900000), _ss_line("10.77.0.13:50052")), {"lab2": "ok", "lab3": "ok"}),
+    ((_ss_line("10.77.0.12:50052"),), {"lab2": "ok", "lab3": "lost"}),
+    # the orchestrator's own rpc-server: lab3's address is the LOCAL end, llama-server is not connected to it
+    ((_ss_line("10.77.0.12:50052"), _ss_line("10.77.0.11:41234", local="10.77.0.13:50052")),
+     {"lab2": "ok", "lab3": "lost"}),
+    # another port on the worker's host is not the worker
+    ((_ss_line("10.77.0.12:50052"), _ss_line("10.77.0.13:22", sendq=1, unacked=1, lastack=9000)),
+     {"lab2": "ok", "lab3": "lost"}),
+    # a second connection to the same worker: the stalled one wins
+    ((_ss_line("10.77.0.12:50052"), _ss_line("10.77.0.12:50052", local="10.77.0.11:5", unacked=1, lastack=8000),
+      _ss_line("10.77.0.13:50052", state="ESTAB ")), {"lab2": "stalled", "lab3": "ok"}),
+])
+def test_worker_links(lines: tuple[str, ...], expected: dict[str, str]) -> None:
+    assert {host: info["link"] for host, info in _links(*lines).items()} == expected
+
+
+def test_worker_links_details() -> None:
+    links = _links(_ss_line("10.77.0.13:50052", sendq=4096, unacked=3, lastack=4300))
+    assert links["lab3"] == {"address": "10.77.0.13", "port": 50052, "link": "stalled", "unacked": 3,
+                             "lastack_ms": 4300, "send_q": 4096, "retrans": [1, 5]}
+    assert links["lab2"]["lastack_ms"] is None and links["lab2"]["link"] == "lost"
+    assert _links(_ss_line("10.77.0.13:50052", unacked=3, lastack=4300), stall=5.0)["lab3"]["link"] == "ok"
+
+
+def test_count_stalls() -> None:
+    stalled = _links(_ss_line("10.77.0.12:50052"), _ss_line("10.77.0.13:50052", unacked=1, lastack=5000))
+    assert count_stalls({}, stalled) == {"lab2": 0, "lab3": 1}
+    assert count_stalls({"lab2": 3, "lab3": 1}, stalled) == {"lab2": 0, "lab3": 2}
+    assert count_stalls({"lab3": 4}, None) == {}
+
+
+# ---------------------------------------------------------------------------------------------------------- decide
+
+OK_LINKS = _links(_ss_line("10.77.0.12:50052"), _ss_line("10.77.0.13:50052"))
+STALL_LINKS = _links(_ss_line("10.77.0.12:50052"), _ss_line("10.77.0.13:50052", sendq=4096, unacked=3, lastack=4300))
+LOST_LINKS = _links(_ss_line("10.77.0.12:50052"))
+SERVING_MEM = Memory(SERVING, "llama-server is serving", None, 0, 1234, frozenset({"lab2", "lab3"}))
+RESTARTED = dataclasses.replace(SERVING_MEM, state=DOWN, reason="worker lab3 ...; restarting llama-server (pid 1234)",
+                                restart_at=1000.0, restart_pid=1234)
+
+
+def _obs(active: str | None = "active", pid: int = 1234, health: int | str | None = 200,
+         links: dict[str, Any] | None | str = "ok", stalls: dict[str, int] | None = None,
+         canary: CanaryOutcome | None = None, now: float = 1005.0) -> Observation:
+    return Observation(now, active, pid, health, OK_LINKS if links == "ok" else links,  # type: ignore[arg-type]
+                       stalls or {}, canary)
+
+
+STUCK_CANARY = CanaryOutcome(1234, False, True, False, 60.0)
+
+
+@pytest.mark.parametrize(("obs", "mem", "state", "reason", "action"), [
+    (_obs(), Memory(), SERVING, "llama-server is serving", "none"),
+    (_obs(health=503), Memory(), LOADING, "llama-server is loading the model", "none"),
+    (_obs(health="refused"), Memory(), LOADING, "llama-server is starting", "none"),
+    (_obs(health=500), SERVING_MEM, DOWN, "llama-server /health answered 500", "none"),
+    (_obs(active="activating", pid=0, health=None), SERVING_MEM, DOWN,
+     "llama-server is activating (waiting for workers or restarting)", "none"),
+    (_obs(active="failed", pid=0, health=None), Memory(), DOWN,
+     "llama-server is failed (waiting for workers or restarting)", "none"),
+    # no answer from systemctl or /health: nothing changes
+    (_obs(active=None, pid=0, health=None), SERVING_MEM, SERVING, "llama-server is serving", "none"),
+    (_obs(active=None, pid=0, health=None), Memory(), DOWN,
+     "cannot read the state of llamafleet-llama-server.service (systemctl show gave no answer)", "none"),
+    (_obs(health="timeout"), SERVING_MEM, SERVING, "llama-server is serving", "none"),
+    (_obs(health="timeout"), Memory(LOADING, "x"), LOADING, "x", "none"),
+    # a stall seen once is not yet a stall; twice it is
+    (_obs(links=STALL_LINKS, stalls={"lab3": 1}), SERVING_MEM, SERVING, "llama-server is serving", "none"),
+    (_obs(links=STALL_LINKS, stalls={"lab2": 0, "lab3": 2}), SERVING_MEM, DOWN,
+     "worker lab3 (10.77.0.13:50052) stopped acknowledging: 4096 bytes unsent or unacked (3 segments in flight, "
+     "5 retransmitted), no ACK for 4.3 s; restarting llama-server (pid 1234)", "restart"),
+    # a stall while loading (weights going out) also restarts
+    (_obs(health=503, links=STALL_LINKS, stalls={"lab3": 2}), Memory(LOADING, "loading"), DOWN,
+     "worker lab3 (10.77.0.13:50052) stopped acknowledging: 4096 bytes unsent or unacked (3 segments in flight, "
+     "5 retransmitted), no ACK for 4.3 s; restarting llama-server (pid 1234)", "restart"),
+    (_obs(links=LOST_LINKS), SERVING_MEM, DOWN,
+     "worker lab3 (10.77.0.13:50052) lost its connection from llama-server; restarting llama-server (pid 1234)",
+     "restart"),
+    # never seen connected by this llama-server: say so, do not restart in a loop
+    (_obs(links=LOST_LINKS), Memory(LOADING, "loading", seen_pid=1234, seen_links=frozenset({"lab2"})), DOWN,
+     "llama-server has no connection to worker lab3 (10.77.0.13:50052) (check the gate's worker addresses)", "none"),
+    (_obs(links=LOST_LINKS, pid=999), SERVING_MEM, DOWN,
+     "llama-server has no connection to worker lab3 (10.77.0.13:50052) (check the gate's worker addresses)", "none"),
+    # ss gave no answer: links unknown, health decides
+    (_obs(links=None), Memory(), SERVING, "llama-server is serving", "none"),
+    (_obs(canary=STUCK_CANARY), SERVING_MEM, DOWN,
+     "canary completion got no answer in 60 s and no token was produced; restarting llama-server (pid 1234)",
+     "restart"),
+    (_obs(canary=dataclasses.replace(STUCK_CANARY, progress=None)), SERVING_MEM, DOWN,
+     "canary completion got no answer in 60 s and no token was produced; restarting llama-server (pid 1234)",
+     "restart"),
+    (_obs(canary=dataclasses.replace(STUCK_CANARY, progress=True)), SERVING_MEM, SERVING, "llama-server is serving",
+     "none"),
+    (_obs(canary=dataclasses.replace(STUCK_CANARY, pid=77)), SERVING_MEM, SERVING, "llama-server is serving", "none"),
+    (_obs(canary=CanaryOutcome(1234, True, False, None, 0.2)), SERVING_MEM, SERVING, "llama-server is serving",
+     "none"),
+    # after a restart: the reason stays until serving again, and no second action within the grace or same pid
+    (_obs(active="activating", pid=0, health=None), RESTARTED, DOWN, RESTARTED.reason, "none"),
+    (_obs(pid=2000, health=503, links=_links()), RESTARTED, DOWN, RESTARTED.reason, "none"),
+    (_obs(links=STALL_LINKS, stalls={"lab3": 5}, now=1010.0, pid=2000), RESTARTED, DOWN, RESTARTED.reason, "none"),
+    (_obs(links=STALL_LINKS, stalls={"lab3": 5}, now=1030.0), RESTARTED, DOWN, RESTARTED.reason, "none"),
+    (_obs(links=STALL_LINKS, stalls={"lab3": 5}, now=1030.0, pid=2000), RESTARTED, DOWN,
+     "worker lab3 (10.77.0.13:50052) stopped acknowledging: 4096 bytes unsent or unacked (3 segments in flight, "
+     "5 retransmitted), no ACK for 4.3 s; restarting llama-server (pid 2000)", "restart"),
+    (_obs(pid=2000), RESTARTED, SERVING, "llama-server is serving", "none"),
+])
+def test_decide(obs: Observation, mem: Memory, state: str, reason: str, action: str) -> None:
+    assert decide(obs, mem, CFG) == Decision(state, reason, action)
+
+
+def test_a_stall_restarts_only_once_it_lasts_restart_after() -> None:
+    cfg = dataclasses.replace(CFG, restart_after=30.0)
+    short = decide(_obs(links=STALL_LINKS, stalls={"lab3": 2}), SERVING_MEM, cfg)
+    assert (short.state, short.action) == (DOWN, "none")
+    assert short.reason.endswith("no ACK for 4.3 s; llama-server is restarted if it lasts 30 s")
+    # the link heals before then: serving again, no reload
+    mem = remember(SERVING_MEM, _obs(links=STALL_LINKS, stalls={"lab3": 2}), short)
+    assert decide(_obs(), mem, cfg) == Decision(SERVING, "llama-server is serving")
+    # it does not: restart once no ACK came for restart_after
+    long_links = _links(_ss_line("10.77.0.12:50052"), _ss_line("10.77.0.13:50052", sendq=4096, unacked=3,
+                                                                 lastack=30500))
+    long = decide(_obs(links=long_links, stalls={"lab3": 27}), mem, cfg)
+    assert (long.state, long.action) == (DOWN, "restart")
+    assert long.reason.endswith("no ACK for 30.5 s; restarting llama-server (pid 1234)")
+
+
+@pytest.mark.parametrize(("words", "endpoints"), [
+    (["/opt/b/llama-server", "-m", "/m.gguf", "--rpc", "10.77.0.12:50052,10.77.0.13:50052", "-ngl", "19"],
+     [("10.77.0.12", 50052), ("10.77.0.13", 50052)]),
+    (["/opt/b/llama-server", "--rpc=127.0.0.1:50300"], [("127.0.0.1", 50300)]),
+    (["/opt/b/llama-server", "-m", "/m.gguf"], []),
+    (["/opt/b/llama-server", "--rpc"], []),
+])
+def test_rpc_endpoints_of_a_command_line(words: list, endpoints: list) -> None:
+    # /proc/PID/cmdline: each word NUL-terminated
+    assert rpc_endpoints(b"".join(w.encode() + b"\0" for w in words)) == endpoints
+
+
+def test_running_workers_follow_llama_servers_command_line() -> None:
+    # a benchmark's proxy in front of lab2: named by itself; lab3 keeps its name; lab2 (not in --rpc) is not watched
+    running = running_workers(LAB, [("127.0.0.1", 50300), ("10.77.0.13", 50052)])
+    assert [(w.host, w.address, w.port) for w in running] == [("127.0.0.1:50300", "127.0.0.1", 50300),
+                                                              ("lab3", "10.77.0.13", 50052)]
+    assert running_workers(LAB, None) == LAB
+
+
+def test_remember_tracks_restarts_and_seen_links() -> None:
+    restart = Decision(DOWN, "stalled; restarting llama-server (pid 1234)", "restart")
+    mem = remember(SERVING_MEM, _obs(links=STALL_LINKS, now=1000.0), restart)
+    assert (mem.state, mem.restart_at, mem.restart_pid) == (DOWN, 1000.0, 1234)
+    mem = remember(mem, _obs(active="activating", pid=0, links=_links(), now=1001.0), Decision(DOWN, mem.reason))
+    assert (mem.restart_at, mem.seen_links) == (1000.0, frozenset())
+    mem = remember(mem, _obs(pid=2000, health=503, links=LOST_LINKS, now=1020.0), Decision(DOWN, mem.reason))
+    assert (mem.seen_pid, mem.seen_links) == (2000, frozenset({"lab2"}))
+    mem = remember(mem, _obs(pid=2000, now=1030.0), Decision(SERVING, "llama-server is serving"))
+    assert (mem.restart_at, mem.seen_links, mem.state) == (None, frozenset({"lab2", "lab3"}), SERVING)
+
+
+# ---------------------------------------------------------------------------------------------------------- config
+
+RAW = {"listen_port": 8080, "upstream_port": 18080, "unit": "llamafleet-llama-server.service",
+       "workers": [{"host": "lab2", "address": "10.77.0.12", "port": 50052}]}
+
+
+def test_load_config_defaults() -> None:
+    cfg = load_config(dict(RAW))
+    assert cfg.workers == (Worker("lab2", "10.77.0.12", 50052),)
+    assert (cfg.listen_host, cfg.upstream_host) == ("0.0.0.0", "127.0.0.1")
+    assert cfg.state_file == "/run/llamafleet/gate-state.json"
+    assert (cfg.deadline, cfg.request_timeout, cfg.stall_seconds, cfg.poll_interval, cfg.canary_interval,
+            cfg.canary_deadline, cfg.restart_grace, cfg.max_connections) == (10, 600, 4, 1, 30, 60, 15, 256)
+    assert (cfg.api_key_file, cfg.tls_cert, cfg.tls_key) == (None, None, None)
+    assert load_config(dict(RAW, deadline=2, tls_cert="/c", tls_key="/k")).deadline == 2.0
+
+
+@pytest.mark.parametrize(("change", "key"), [
+    ({"listen_port": None}, "listen_port"), ({"upstream_port": 70000}, "upstream_port"),
+    ({"listen_port": True}, "listen_port"), ({"unit": ""}, "unit"), ({"workers": "lab2"}, "workers"),
+    ({"workers": [{"host": "lab2", "port": 50052}]}, "workers[0].address"),
+    ({"workers": [{"host": "lab2", "address": "10.0.0.2", "port": "x"}]}, "workers[0].port"),
+    ({"workers": [7]}, "workers[0]"), ({"deadline": 0}, "deadline"), ({"stall_seconds": "4"}, "stall_seconds"),
+    ({"canary_deadline": -1}, "canary_deadline"), ({"tls_cert": "/c"}, "tls_key"), ({"tls_key": "/k"}, "tls_cert"),
+    ({"max_connections": 0}, "max_connections"), ({"state_file": 3}, "state_file"), ({"listen": 1}, "listen"),
+    ({"api_key_file": 7}, "api_key_file"),
+])
+def test_load_config_errors_name_the_key(change: dict[str, Any], key: str) -> None:
+    raw = {name: value for name, value in dict(RAW, **change).items() if value is not None}
+    with pytest.raises(ValueError, match=r"(?<![\w.])%s(?![\w.\[])" % re.escape(key)):
+        load_config(raw)
+
+
+# ---------------------------------------------------------------------------------------------------------- HTTP
+
+
+def test_error_response_and_sse_event() -> None:
+    raw = sg.error_response(503, "worker lab3 stalled", 15)
+    head, body = raw.split(b"\r\n\r\n", 1)
+    assert head.split(b"\r\n") == [b"HTTP/1.1 503 Service Unavailable", b"Content-Type: application/json; charset=utf-8",
+                                   b"Content-Length: %d" % len(body), b"Retry-After: 15", b"Connection: close"]
+    assert json.loads(body) == {"error": {"code": 503, "type": "unavailable_error",
+                                          "message": "llamafleet: worker lab3 stalled"}}
+    assert sg.error_response(504, "x", body=False).endswith(b"Connection: close\r\n\r\n")
+    assert json.loads(sg.error_response(504, "slow").split(b"\r\n\r\n")[1])["error"]["type"] == "timeout_error"
+    event = sg.sse_error_event(503, "down")
+    assert event.startswith(b"data: {") and event.endswith(b"}\n\n")
+    assert json.loads(event[6:]) == sg.error_object(503, "down")
+    assert sg.sse_error_event(503, "down", b"}\n").startswith(b"\ndata: ")
+    assert sg.sse_error_event(503, "down", b'"}').startswith(b"\n\ndata: ")
+
+
+def test_request_head_rewriting() -> None:
+    req = sg.parse_request_head(b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: gate:8080\r\n"
+                                b"Authorization: Bearer s3cret\r\nConnection: keep-alive, X-Hop\r\nKeep-Alive: 5\r\n"
+                                b"X-Hop: 1\r\nExpect: 100-continue\r\nContent-Length: 2\r\nX-Other:  v \r\n\r\n")
+    assert (req.method, req.path, req.version) == ("POST", "/v1/chat/completions", "1.1")
+    assert sg.request_body(req) == ("length", 2) and sg.wants_continue(req)
+    assert sg.upstream_request_head(req) == (
+        b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: gate:8080\r\nAuthorization: Bearer s3cret\r\n"
+        b"Content-Length: 2\r\nX-Other: v\r\nConnection: close\r\n\r\n")
+
+
+def test_response_head_rewriting() -> None:
+    resp = sg.parse_response_head(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nKeep-Alive: timeout=5\r\n"
+                                  b"Connection: keep-alive\r\nTransfer-Encoding: chunked\r\nServer: llama.cpp\r\n\r\n")
+    assert sg.client_response_head(resp) == (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                                             b"Transfer-Encoding: chunked\r\nServer: llama.cpp\r\n"
+                                             b"Connection: close\r\n\r\n")
+    assert sg.is_event_stream(resp) and sg.response_body("GET", resp) == ("chunked", 0)
+    assert sg.response_body("HEAD", resp) == ("none", 0)
+
+
+@pytest.mark.parametrize(("head", "status"), [
+    (b"GET / HTTP/1.1\r\nHost x\r\n\r\n", 400), (b"HELLO\r\n\r\n", 400), (b"GET / HTTP/2.0\r\n\r\n", 400),
+    (b"GET / HTTP/1.1\r\nA: b\r\n folded\r\n\r\n", 400), (b"GET / HTTP/1.1\r\nA: b\nC: d\r\n\r\n", 400),
+    (b"GET  / HTTP/1.1\r\n\r\n", 400),
+])
+def test_parse_request_head_refuses_garbage(head: bytes, status: int) -> None:
+    with pytest.raises(HeadError) as info:
+        sg.parse_request_head(head)
+    assert info.value.status == status
+
+
+@pytest.mark.parametrize(("headers", "framing"), [
+    (b"", ("none", 0)), (b"Content-Length: 0\r\n", ("none", 0)), (b"Content-Length: 12\r\n", ("length", 12)),
+    (b"Content-Length: 12\r\nContent-Length: 12\r\n", ("length", 12)),
+    (b"Transfer-Encoding: chunked\r\n", ("chunked", 0)), (b"Transfer-Encoding: gzip, chunked\r\n", 411),
+    (b"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n", 400), (b"Content-Length: 1\r\nContent-Length: 2\r\n", 400),
+    (b"Content-Length: -1\r\n", 400),
+])
+def test_request_body_framing(headers: bytes, framing: Any) -> None:
+    req = sg.parse_request_head(b"POST /completion HTTP/1.1\r\n" + headers + b"\r\n")
+    if isinstance(framing, int):
+        with pytest.raises(HeadError) as info:
+            sg.request_body(req)
+        assert info.value.status == framing
+    else:
+        assert sg.request_body(req) == framing
+
+
+def test_chunk_decoder_byte_by_byte_with_extensions_and_trailers() -> None:
+    body = b"5;name=x\r\nhello\r\n1A\r\n" + b"z" * 26 + b"\r\n0\r\nX-Trailer: 1\r\n\r\nNEXT"
+    decoder = ChunkDecoder()
+    pieces = [piece for index in range(len(body)) for piece in decoder.feed(body[index:index + 1])]
+    assert b"".join(pieces) == b"hello" + b"z" * 26 and decoder.done
+    whole = ChunkDecoder()
+    assert whole.feed(sg.encode_chunk(b"abc") + sg.LAST_CHUNK) == [b"abc"] and whole.done
+
+
+@pytest.mark.parametrize("body", [b"zz\r\n", b"3\r\nabcX\r\n", b"1" * 5000])
+def test_chunk_decoder_errors(body: bytes) -> None:
+    with pytest.raises(ChunkError):
+        ChunkDecoder().feed(body)
+
+
+def test_systemctl_metrics_and_progress() -> None:
+    assert sg.parse_systemctl_show("MainPID=4321\nActiveState=active\n") == ("active", 4321)
+    assert sg.parse_systemctl_show("ActiveState=activating\nMainPID=0\n") == ("activating", 0)
+    text = ("# HELP llamacpp:tokens_predicted_total Number of generation tokens processed.\n"
+            "# TYPE llamacpp:tokens_predicted_total counter\nllamacpp:tokens_predicted_total 350\n"
+            "llamacpp:prompt_tokens_total 1200\nllamacpp:n_decode_total 332\nllamacpp:requests_processing 1\n")
+    before = sg.parse_metrics(text)
+    assert before["llamacpp:n_decode_total"] == 332.0
+    assert sg.made_progress(before, dict(before)) is False
+    assert sg.made_progress(before, dict(before, **{"llamacpp:n_decode_total": 333.0})) is True
+    assert sg.made_progress(before, None) is None and sg.made_progress({}, {}) is None
+
+
+def test_admission_and_retry_after() -> None:
+    health = sg.parse_request_head(b"GET /health HTTP/1.1\r\n\r\n")
+    chat = sg.parse_request_head(b"POST /v1/chat/completions HTTP/1.1\r\n\r\n")
+    assert [sg.admission(state, health) for state in (SERVING, LOADING, DOWN)] == [True, True, False]
+    assert [sg.admission(state, chat) for state in (SERVING, LOADING, DOWN)] == [True, False, False]
+    assert sg.retry_after(LOADING) < sg.retry_after(DOWN)
+
+
+def test_write_json_atomic(tmp_path: Path) -> None:
+    target = tmp_path / "run" / "gate-state.json"
+    sg.write_json_atomic(str(target), {"state": "down"})
+    sg.write_json_atomic(str(target), {"state": "serving"})
+    assert json.loads(target.read_text()) == {"state": "serving"}
+    assert [path.name for path in target.parent.iterdir()] == ["gate-state.json"]
+
+
+# ---------------------------------------------------------------------------------------------------------- sockets
+
+
+class FakeLlamaServer:
+    """A tiny llama-server stand-in on 127.0.0.1 that records what it receives."""
+
+    def __init__(self) -> None:
+        self.heads: list[bytes] = []
+        self.bodies: list[bytes] = []
+        self.finished: dict[str, float] = {}
+        self.closed_by_peer = asyncio.Event()
+        self.server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[1]
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError:
+            return
+        self.heads.append(head)
+        req = sg.parse_request_head(head)
+        framing, length = sg.request_body(req)
+        body = b""
+        if framing == "length":
+            body = await reader.readexactly(length)
+        elif framing == "chunked":
+            decoder = ChunkDecoder()
+            while not decoder.done:
+                body += b"".join(decoder.feed(await reader.read(100)))
+        self.bodies.append(body)
+        try:
+            await getattr(self, "route_" + req.path.strip("/").replace("/", "_"))(reader, writer, body)
+        finally:
+            writer.transport.abort()
+
+    async def route_json(self, reader: Any, writer: asyncio.StreamWriter, body: bytes) -> None:
+        payload = json.dumps({"content": "Paris", "echo": body.decode()}).encode()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\nKeep-Alive: timeout=5\r\n"
+                     b"Connection: keep-alive\r\nContent-Length: %d\r\nX-Custom: yes\r\n\r\n%s" % (len(payload), payload))
+        await writer.drain()
+
+    route_health = route_json
+
+    async def route_stream(self, reader: Any, writer: asyncio.StreamWriter, body: bytes) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for index in range(3):
+            writer.write(sg.encode_chunk(b'data: {"content":"t%d"}\n\n' % index))
+            await writer.drain()
+            await asyncio.sleep(0.4)
+        writer.write(sg.LAST_CHUNK)
+        await writer.drain()
+        self.finished["stream"] = time.monotonic()
+
+    async def route_hang(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        writer.write(sg.encode_chunk(b'data: {"content":" the"}\n\n'))
+        await writer.drain()
+        await self._until_closed(reader)
+
+    async def route_hang_head(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes) -> None:
+        await self._until_closed(reader)
+
+    async def _until_closed(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while await reader.read(100):
+                pass
+        except OSError:
+            pass
+        self.closed_by_peer.set()
+
+
+def _run(scenario: Callable[..., Awaitable[None]], **cfg: Any) -> None:
+    async def main() -> None:
+        upstream = FakeLlamaServer()
+        port = await upstream.start()
+        config = dataclasses.replace(CFG, listen_host="127.0.0.1", listen_port=0, upstream_port=port, deadline=2.0,
+                                     **cfg)
+        gate = Gate(config)
+        await gate.start()
+        gate.set_state(SERVING, "llama-server is serving")
+        try:
+            await asyncio.wait_for(scenario(gate, upstream), 8)
+        finally:
+            await gate.stop(grace=0.1)
+            assert upstream.server is not None
+            upstream.server.close()
+
+    asyncio.run(main())
+
+
+async def _request(gate: Gate, raw: bytes, ssl_context: ssl.SSLContext | None = None) -> tuple[
+        asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", gate.port, ssl=ssl_context,
+                                                   server_hostname="localhost" if ssl_context else None)
+    writer.write(raw)
+    await writer.drain()
+    return reader, writer
+
+
+async def _exchange(gate: Gate, raw: bytes, ssl_context: ssl.SSLContext | None = None) -> bytes:
+    reader, writer = await _request(gate, raw, ssl_context)
+    data = await reader.read()
+    writer.close()
+    return data
+
+
+def _json_answer(data: bytes) -> tuple[int, dict[str, str], Any]:
+    head, body = data.split(b"\r\n\r\n", 1)
+    lines = head.decode().split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), headers, json.loads(body)
+
+
+def _dechunk(body: bytes) -> bytes:
+    decoder = ChunkDecoder()
+    data = b"".join(decoder.feed(body))
+    assert decoder.done
+    return data
+
+
+CHAT = (b'POST /json HTTP/1.1\r\nHost: gate\r\nAuthorization: Bearer s3cret\r\nConnection: keep-alive\r\n'
+        b'Content-Type: application/json\r\nContent-Length: 16\r\n\r\n{"prompt":"hi!"}')
+
+
+def test_proxy_relays_a_request_byte_exact() -> None:
+    async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
+        data = await _exchange(gate, CHAT)
+        payload = json.dumps({"content": "Paris", "echo": '{"prompt":"hi!"}'}).encode()
+        assert data == (b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: %d\r\n"
+                        b"X-Custom: yes\r\nConnection: close\r\n\r\n%s" % (len(payload), payload))
+        assert upstream.heads == [b"POST /json HTTP/1.1\r\nHost: gate\r\nAuthorization: Bearer s3cret\r\n"
+                                  b"Content-Type: application/json\r\nContent-Length: 16\r\nConnection: close\r\n\r\n"]
+        assert upstream.bodies == [b'{"prompt":"hi!"}'] and gate.counters["requests"] == 1
+
+    _run(scenario)
+
+
+def test_proxy_relays_chunked_request_bodies_and_expect_continue() -> None:
+    async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
+        reader, writer = await _request(gate, b"POST /json HTTP/1.1\r\nTransfer-Encoding: chunked\r\n"
+                                              b"Expect: 100-continue\r\n\r\n")
+        assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(b"4\r\nabcd\r\n3;x=1\r\nefg\r\n0\r\n\r\n")
+        status, _headers, body = _json_answer(await reader.read())
+        assert (status, body["echo"], upstream.bodies) == (200, "abcdefg", [b"abcdefg"])
+        assert b"Expect" not in upstream.heads[0] and b"Transfer-Encoding: chunked" in upstream.heads[0]
+
+    _run(scenario)
+
+
+def test_proxy_streams_chunks_as_they_arrive() -> None:
+    async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
+        start = time.monotonic()
+        reader, writer = await _request(gate, b"POST /stream HTTP/1.1\r\nHost: gate\r\nContent-Length: 0\r\n\r\n")
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert b"Transfer-Encoding: chunked" in head and b"Connection: close" in head
+        first = await reader.readuntil(b"\n\n\r\n")
+        first_at = time.monotonic()
+        rest = await reader.read()
+        assert first_at - start < 0.3 and "stream" in upstream.finished and first_at < upstream.finished["stream"] - 0.5
+        assert _dechunk(first + rest) == b"".join(b'data: {"content":"t%d"}\n\n' % index for index in range(3))
+        writer.close()
+
+    _run(scenario)
+
+
+def test_down_answers_503_at_once_and_health_says_why() -> None:
+    async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
+        gate.set_state(DOWN, "worker lab3 (10.77.0.13:50052) stopped acknowledging")
+        for raw in (CHAT, b"GET /health HTTP/1.1\r\n\r\n", b"GET /v1/health HTTP/1.1\r\n\r\n"):
+            start = time.monotonic()
+            status, headers, body = _json_answer(await _exchange(gate, raw))
+            assert time.monotonic() - start < 0.5
+            assert (status, headers["Retry-After"], headers["Content-Type"]) == (
+                503, str(sg.RETRY_AFTER[DOWN]), "application/json; charset=utf-8")
+            assert body == {"error": {"code": 503, "type": "unavailable_error", "message":
+                                      "llamafleet: worker lab3 (10.77.0.13:50052) stopped acknowledging"}}
+        assert upstream.heads == [] and gate.counters["rejected_503"] == 3
+
+    _run(scenario)
+
+
+def test_loading_relays_health_only() -> None:
+    async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
+        gate.set_state(LOADING, "llama-server is loading the model")
+        status, headers, _body = _json_answer(await _exchange(gate, b"GET /health HTTP/1.1\r\n\r\n"))
+        assert (status, headers["X-Custom"]) == (200, "yes")
+        status, headers, body = _json_answer(await _exchange(gate, CHAT))
+        assert (status, headers["Retry-After"]) == (503, str(sg.RETRY_AFTER[LOADING]))
+        assert body["error"]["message"] == "llamafleet: llama-server is loading the model"
+        assert len(upstream.heads) == 1
+
+    _run(scenario)
+
+
+def test_in_flight_stream_gets_an_error_event_when_the_cluster_goes_down() -> None:
+    async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
+        reader, writer = await _request(gate, b"POST /hang HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+        await reader.readuntil(b"\r\n\r\n")
+        first = await reader.readuntil(b"\n\n\r\n")
+        start = time.monotonic()
+        gate.set_state(DOWN, "worker lab3 stopped acknowledging")
+        rest = await reader.read()
+        assert time.monotonic() - start < gate.cfg.deadline
+        events = _dechunk(first + rest).split(b"\n\n")
+        assert events[0] == b'data: {"content":" the"}' and events[2] == b""
+        assert json.loads(events[1][len(b"data: "):]) == sg.error_object(503, "worker lab3 stopped acknowledging")
+        await asyncio.wait_for(upstream.closed_by_peer.wait(), 1)
+        assert gate.counters["aborted"] == 1 and gate.in_flight == 0
+        writer.close()
+
+    _run(scenario)
+
+
+def test_in_flight_request_without_answer_gets_503_when_the_cluster_goes_down() -> None:
+    async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
+        reader, writer = await _request(gate, b"POST /hang_head HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+        while not upstream.heads:
+            await asyncio.sleep(0.01)
+        start = time.monotonic()
+        gate.set_state(DOWN, "canary completion got no answer")
+        status, _headers, body = _json_answer(await reader.read())
+        assert time.monotonic() - start < 0.5
+        assert (status, body["error"]["message"]) == (503, "llamafleet: canary completion got no answer")
+        writer.close()
+
+    _run(scenario)
+
+
+def test_silent_upstream_gets_504_after_request_timeout() -> None:
+    async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
+        start = time.monotonic()
+        status, _headers, body = _json_answer(await _exchange(gate, b"GET /hang_head HTTP/1.1\r\n\r\n"))
+        assert 0.5 <= time.monotonic() - start < 1.5
+        assert (status, body["error"]["type"]) == (504, "timeout_error")
+        assert body["error"]["message"] == "llamafleet: llama-server sent nothing for 0.5 s"
+
+    _run(scenario, request_timeout=0.5)
+
+
+def test_client_hang_up_closes_the_upstream_connection() -> None:
+    async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
+        reader, writer = await _request(gate, b"POST /hang HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+        await reader.readuntil(b"\n\n\r\n")
+        writer.transport.abort()
+        await asyncio.wait_for(upstream.closed_by_peer.wait(), 1)
+        while gate.in_flight:
+            await asyncio.sleep(0.01)
+
+    _run(scenario)
+
+
+def test_closed_upstream_port_answers_not_running() -> None:
+    async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
+        assert upstream.server is not None
+        upstream.server.close()
+        await upstream.server.wait_closed()
+        status, headers, body = _json_answer(await _exchange(gate, CHAT))
+        assert (status, body["error"]["message"]) == (503, "llamafleet: " + sg.NOT_RUNNING)
+        assert "Retry-After" in headers
+
+    _run(scenario)
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    (b"GET / HTTP/1.1\r\nX-Big: " + b"a" * (70 * 1024) + b"\r\n\r\n", "request head larger than"),
+    (b"\x16\x03\x01 not http\r\n\r\n", "malformed request line"),
+    (b"POST /json HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", "unsupported Transfer-Encoding"),
+])
+def test_bad_requests_are_refused(raw: bytes, message: str) -> None:
+    async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
+        status, _headers, body = _json_answer(await _exchange(gate, raw))
+        assert status in (400, 411) and message in body["error"]["message"] and upstream.heads == []
+
+    _run(scenario)
+
+
+def test_connection_limit() -> None:
+    async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
+        reader, writer = await _request(gate, b"POST /hang HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+        await reader.readuntil(b"\n\n\r\n")
+        status, _headers, body = _json_answer(await _exchange(gate, CHAT))
+        assert (status, body["error"]["message"]) == (503, "llamafleet: too many connections to the gate")
+        writer.close()
+
+    _run(scenario, max_connections=1)
+
+
+def test_tls(tmp_path: Path) -> None:
+    crypto = pytest.importorskip("cryptography")
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    assert crypto
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp_path / "gate.crt", tmp_path / "gate.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    client = ssl.create_default_context(cafile=str(cert_path))
+
+    async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
+        status, _headers, body = _json_answer(await _exchange(gate, CHAT, client))
+        assert (status, body["echo"]) == (200, '{"prompt":"hi!"}')
+        assert b"Authorization: Bearer s3cret" in upstream.heads[0]
+        try:
+            plain = await _exchange(gate, CHAT)
+        except ConnectionError:
+            plain = b""
+        assert not plain.startswith(b"HTTP/") and len(upstream.heads) == 1  # plain HTTP on the TLS port: no answer
+        gate.set_state(DOWN, "worker lab2 lost")
+        status, _headers, body = _json_answer(await _exchange(gate, CHAT, client))
+        assert (status, body["error"]["message"]) == (503, "llamafleet: worker lab2 lost")
+
+    _run(scenario, tls_cert=str(cert_path), tls_key=str(key_path))
+
+
+def test_set_state_logs_and_refuses_unknown_states(capsys: pytest.CaptureFixture[str]) -> None:
+    gate = Gate(CFG, clock=lambda: 42.0)
+    assert gate.set_state(SERVING, "llama-server is serving")
+    assert not gate.set_state(SERVING, "llama-server is serving")
+    assert capsys.readouterr().out == "llamafleet-gate: down -> serving: llama-server is serving\n"
+    assert gate.since == 42.0
+    with pytest.raises(ValueError):
+        gate.set_state("broken", "x")
+
+
+def test_watchdog_restarts_on_a_confirmed_stall_and_writes_the_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = dataclasses.replace(CFG, state_file=str(tmp_path / "gate-state.json"))
+    gate = Gate(cfg, clock=lambda: 1000.0)
+    dog = sg.Watchdog(gate, cfg)
+    stalled = "\n".join((_ss_line("10.77.0.12:50052"),
+                         _ss_line("10.77.0.13:50052", sendq=4096, unacked=3, lastack=4300)))
+    killed: list[int] = []
+
+    async def process() -> tuple[str, int]:
+        return "active", 1234
+
+    async def health() -> int:
+        return 200
+
+    async def connections() -> list[dict[str, Any]]:
+        return parse_ss(stalled)
+
+    monkeypatch.setattr(dog, "process", process)
+    monkeypatch.setattr(dog, "health", health)
+    monkeypatch.setattr(dog, "connections", connections)
+    monkeypatch.setattr(dog, "restart", killed.append)
+    monkeypatch.setattr(dog, "_maybe_canary", lambda state, pid: None)
+
+    async def two_polls() -> list[Decision]:
+        return [await dog.poll(), await dog.poll()]
+
+    first, second = asyncio.run(two_polls())
+    assert (first.state, second.state, second.action, killed) == (SERVING, DOWN, "restart", [1234])
+    state = json.loads((tmp_path / "gate-state.json").read_text())
+    assert (state["state"], state["restarts"], state["since"]) == (DOWN, 1, 1000.0)
+    assert state["reason"].startswith("worker lab3 (10.77.0.13:50052) stopped acknowledging: 4096 bytes")
+    assert state["workers"]["lab3"] == {"address": "10.77.0.13", "port": 50052, "link": "stalled", "unacked": 3,
+                                        "lastack_ms": 4300}
+    assert state["last_action"]["pid"] == 1234
+    assert state["counters"] == {"requests": 0, "rejected_503": 0, "aborted": 0}
+    assert capsys.readouterr().out.splitlines()[-1] == "llamafleet-gate: serving -> down: " + second.reason
+
+
+class StuckLlamaServer(FakeLlamaServer):
+    """/completion never answers; /metrics shows the same counters every time (or moving ones)."""
+
+    def __init__(self, moving: bool) -> None:
+        super().__init__()
+        self.moving = moving
+        self.decodes = 332
+
+    async def route_completion(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes) -> None:
+        await self._until_closed(reader)
+
+    async def route_metrics(self, reader: Any, writer: asyncio.StreamWriter, body: bytes) -> None:
+        self.decodes += self.moving
+        text = b"llamacpp:tokens_predicted_total 350\nllamacpp:n_decode_total %d\n" % self.decodes
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(text), text))
+        await writer.drain()
+
+
+@pytest.mark.parametrize("moving", [False, True])
+def test_canary_miss_compares_metrics(tmp_path: Path, moving: bool) -> None:
+    key = tmp_path / "llama-server.key"
+    key.write_text("s3cret\n")
+
+    async def main() -> CanaryOutcome:
+        upstream = StuckLlamaServer(moving)
+        cfg = dataclasses.replace(CFG, upstream_host="127.0.0.1", upstream_port=await upstream.start(),
+                                  canary_deadline=0.3, api_key_file=str(key))
+        outcome = await sg.Watchdog(Gate(cfg), cfg).canary(1234)
+        assert upstream.server is not None
+        upstream.server.close()
+        assert [head.split(b"\r\n")[0] for head in upstream.heads] == [
+            b"GET /metrics HTTP/1.1", b"POST /completion HTTP/1.1", b"GET /metrics HTTP/1.1"]
+        assert all(b"Authorization: Bearer s3cret\r\n" in head for head in upstream.heads)
+        assert json.loads(upstream.bodies[1]) == {"prompt": "ping", "n_predict": 1, "cache_prompt": False}
+        return outcome
+
+    outcome = asyncio.run(main())
+    assert (outcome.pid, outcome.ok, outcome.missed, outcome.progress) == (1234, False, True, moving)
+    assert 0.3 <= outcome.elapsed < 1.0
+
+
+def test_empty_tls_and_key_paths_mean_none() -> None:
+    cfg = load_config({"listen_port": 8080, "upstream_port": 18080, "unit": "u.service", "workers": [],
+                       "tls_cert": "", "tls_key": "", "api_key_file": ""})
+    assert (cfg.tls_cert, cfg.tls_key, cfg.api_key_file) == (None, None, None)
+
+
+# --- the worker side: rpc-server's guard -----------------------------------------------------------------------
+
+# recorded on lab3 after a 60 s partition: rpc-server still serves the dead connection of the killed
+# llama-server, and the new one's HELLO attempts wait in the accept queue
+LAB3_LISTEN = "LISTEN 2      1      10.77.0.13:50052 0.0.0.0:*\nLISTEN 0      128    0.0.0.0:22 0.0.0.0:*\n"
+LAB3_ESTAB = ("0      0      10.77.0.13:50052 10.77.0.11:37800\n0      0      10.77.0.13:50052 10.77.0.11:37920\n"
+              "0      0      10.77.0.13:22 10.77.0.1:50146\n")
+
+
+def test_parse_listeners_reads_the_accept_queue() -> None:
+    assert parse_listeners(LAB3_LISTEN) == {50052: (2, 1), 22: (0, 128)}
+    assert parse_listeners("0 1 127.0.0.1:9 0.0.0.0:*\n") == {9: (0, 1)}
+    assert established_on(parse_ss(LAB3_ESTAB), 50052) == 2
+
+
+@pytest.mark.parametrize(("queued", "established", "since", "now", "expected"), [
+    (0, 1, None, 100.0, (None, False)),          # nobody waiting
+    (0, 2, 50.0, 100.0, (None, False)),          # the queue emptied: the clock stops
+    (1, 1, None, 100.0, (None, False)),          # a reset probe left in the queue: no live client waits
+    (1, 2, None, 100.0, (100.0, False)),         # a live client starts waiting
+    (2, 2, 100.0, 110.0, (100.0, False)),        # still waiting, not long enough
+    (1, 1, 100.0, 125.0, (100.0, False)),        # between two HELLO attempts: the clock runs, no restart yet
+    (2, 2, 100.0, 120.0, (100.0, True)),         # waited the stale time with a live client: restart
+    (2, 1, None, 100.0, (100.0, False)),         # a full queue of reset attempts: nobody new can even connect
+    (2, 1, 100.0, 121.0, (100.0, True)),         # ... for the stale time: restart
+])
+def test_guard_decide(queued: int, established: int, since: float | None, now: float, expected: tuple) -> None:
+    assert guard_decide(queued, established, since, now, stale=20.0, backlog=1) == expected
+
+
+def test_guard_sees_a_client_waiting_behind_a_silent_one_on_real_sockets() -> None:
+    """A listener with backlog 1 that accepts one client and then serves nobody else (as rpc-server does
+    while its client is alive or silently gone): the kernel's own view, read with ss, starts the clock."""
+    ss = shutil.which("ss")
+    if ss is None:
+        pytest.skip("no ss on this machine")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    first = socket.create_connection(("127.0.0.1", port))
+    served, _addr = server.accept()
+    waiting = socket.create_connection(("127.0.0.1", port))
+    try:
+        listeners = subprocess.run([ss, "-ltnH"], capture_output=True, text=True, check=True).stdout
+        conns = subprocess.run([ss, "-tnH", "state", "established"], capture_output=True, text=True, check=True).stdout
+        (queued, backlog), established = parse_listeners(listeners)[port], established_on(parse_ss(conns), port)
+        assert (queued, backlog, established) == (1, 1, 2)
+        since, restart = guard_decide(queued, established, None, 0.0)
+        assert (since, restart) == (0.0, False)
+        assert guard_decide(queued, established, since, 25.0) == (0.0, True)
+    finally:
+        for sock in (first, served, waiting, server):
+            sock.close()
+
+
+def test_a_reason_whose_figures_change_is_logged_once(capsys: pytest.CaptureFixture[str]) -> None:
+    gate = Gate(CFG)
+    gate.set_state(DOWN, "worker lab3 stopped acknowledging: no ACK for 4.3 s")
+    gate.set_state(DOWN, "worker lab3 stopped acknowledging: no ACK for 5.3 s")
+    gate.set_state(DOWN, "worker lab3 stopped acknowledging: no ACK for 30.4 s; restarting llama-server (pid 12)")
+    logged = capsys.readouterr().out.splitlines()
+    assert [line.split(": ", 2)[-1] for line in logged] == [
+        "worker lab3 stopped acknowledging: no ACK for 4.3 s",
+        "worker lab3 stopped acknowledging: no ACK for 30.4 s; restarting llama-server (pid 12)"]
+    assert gate.reason.endswith("(pid 12)")
