@@ -69,6 +69,8 @@ class HostLayout:
     llama_unit: str | None
     rpc_units: tuple[str, ...]
     rpc_cache_dir: str | None
+    # The serving gate's state file (orchestrator; see plugins/module_utils/serving_gate.py).
+    gate_state_path: str | None = None
 
     @property
     def role(self) -> str:
@@ -78,8 +80,19 @@ class HostLayout:
 
     @property
     def units(self) -> tuple[str, ...]:
-        """Every llamafleet service unit of the host, llama-server first."""
+        """The host's server units, llama-server first (their helpers: :attr:`helper_units`)."""
         return ((self.llama_unit,) if self.llama_unit else ()) + self.rpc_units
+
+    @property
+    def helper_units(self) -> tuple[str, ...]:
+        """The units that watch the servers: the gate on the orchestrator, the rpc-server guard on a worker."""
+        return (((constants.GATE_UNIT,) if self.orchestrator else ())
+                + ((constants.RPC_GUARD_UNIT,) if self.worker else ()))
+
+    @property
+    def journal_units(self) -> tuple[str, ...]:
+        """Every llamafleet unit of the host whose journal ``logs`` shows: the servers, then their helpers."""
+        return self.units + self.helper_units
 
     @property
     def build_link(self) -> str:
@@ -100,6 +113,7 @@ def host_layout(fleet: Fleet, host: Host) -> HostLayout:
         llama_unit=constants.LLAMA_SERVER_UNIT if orchestrator else None,
         rpc_units=tuple(inst.unit for inst in rpc_instances(host)) if worker else (),
         rpc_cache_dir=constants.rpc_cache_dir(home) if worker else None,
+        gate_state_path=constants.GATE_STATE_PATH if orchestrator else None,
     )
 
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .core import Lab, LabStatus, shape
+from .system import LabError
 from .net import BRIDGE, MAX_HOSTS
 
 
@@ -44,6 +45,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     how.add_argument("--rate", help="tc rate, e.g. 30mbit, 500kbit, 1gbit (or 4mbps = 4 megabytes/s)")
     how.add_argument("--clear", action="store_true", help="remove the limit")
     shp.set_defaults(func=_shape)
+    for name, what in (("stop", "power a lab host off as its admin would (its disk stays), for fault tests"),
+                       ("start", "boot a lab host stopped with `lab stop` again")):
+        power = sub.add_parser(name, help=what, description=what[0].upper() + what[1:] + ".")
+        power.add_argument("host", help="lab host name, e.g. lab3")
+        power.set_defaults(func=_power, power=name)
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -60,6 +66,15 @@ def _status(args: argparse.Namespace) -> int:
     report = Lab(progress=None).status()
     print(format_status(report))
     return 0 if report.healthy else 1
+
+
+def _power(args: argparse.Namespace) -> int:
+    number = args.host[3:] if args.host.startswith("lab") else ""
+    if not number.isdigit():
+        raise LabError(f"{args.host} is not a lab host name (lab1, lab2, ...)")
+    lab = Lab(hosts=max(3, int(number)))
+    (lab.power_off if args.power == "stop" else lab.power_on)(args.host)
+    return 0
 
 
 def _shape(args: argparse.Namespace) -> int:

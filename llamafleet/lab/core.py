@@ -265,6 +265,36 @@ class Lab:
         """
         shape(host, rate)
 
+    def _lab_host(self, name: str) -> LabHost:
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise LabError(f"{name} is not a host of this lab ({', '.join(h.name for h in self.hosts)})")
+
+    def power_off(self, name: str) -> None:
+        """Shut host ``name`` down as its admin would (its systemd powers off; the disk stays), for fault tests."""
+        host = self._lab_host(name)
+        machines = find_machines().get(host.name, [])
+        if not machines:
+            raise LabError(f"{name} is not running")
+        self._say(f"==> powering {name} off")
+        stop_machines(machines)
+        remove_cgroups(name)
+
+    def power_on(self, name: str) -> None:
+        """Boot host ``name`` again from the disk it had (after :meth:`power_off`) and wait until it runs."""
+        host = self._lab_host(name)
+        if find_machines().get(host.name):
+            raise LabError(f"{name} is already running")
+        hroot = self._host_root(name)
+        if not hroot.is_mounted():
+            raise LabError(f"{name} has no disk to boot from (its overlay is not mounted): run `llamafleet lab up`")
+        self._say(f"==> powering {name} on")
+        started = time.monotonic()
+        machine = start_machine(host, hroot.root, hroot.console_log)
+        self._wait_ready(host, machine, hroot, started + BOOT_TIMEOUT)
+        self._say(f"    {name} ready in {time.monotonic() - started:.1f} s")
+
     # ------------------------------------------------------------------ up
 
     def _up(self, undo: _Undo) -> None:

@@ -79,6 +79,10 @@ PLAN_PATH = CONFIG_DIR + "/plan.json"
 API_KEY_PATH = CONFIG_DIR + "/llama-server.key"
 # The workers' nftables rules (rpc_server_firewall).
 RPC_FIREWALL_RULES = CONFIG_DIR + "/rpc-firewall.nft"
+# Where firewalld or ufw also filters (rpc_server_host_firewall, module_utils/host_firewall.py): the rules
+# the rpc_server role added there (JSON), so it can remove them, and the comment its ufw rules carry.
+HOST_FIREWALL_STATE = CONFIG_DIR + "/host-firewall.json"
+HOST_FIREWALL_COMMENT = "llamafleet-rpc"
 # The RPC HELLO client (module_utils/rpc_proto.py run as a script) and its wrapper, the
 # llama-server unit's ExecStartPre: ``llamafleet-rpc-wait [--timeout S] HOST:PORT ...``.
 LIBEXEC_DIR = "/usr/local/libexec/llamafleet"
