@@ -34,10 +34,13 @@ class Endpoint:
     address: str
     port: int
     api_key: str = ""
+    tls: bool = False
 
     @property
     def url(self) -> str:
-        return f"http://{self.address}:{self.port}"
+        """The gate's URL: https when the inventory gives it a certificate (``llama_server_tls_cert``; the
+        certificate is verified as usual, so a private CA goes in ``SSL_CERT_FILE``)."""
+        return f"{'https' if self.tls else 'http'}://{self.address}:{self.port}"
 
     @classmethod
     def of(cls, fleet: Fleet, api_key: str | None = None) -> Endpoint:
@@ -46,7 +49,8 @@ class Endpoint:
         orch = fleet.orchestrator
         address = str(orch.var("llama_server_bind_address", orch.cluster_address))
         port = int(orch.var("llama_server_port", constants.LLAMA_SERVER_PORT))
-        return cls(orch, address, port, api_key_of(fleet) if api_key is None else api_key)
+        return cls(orch, address, port, api_key_of(fleet) if api_key is None else api_key,
+                   bool(str(orch.var("llama_server_tls_cert", "") or "").strip()))
 
     def _open(self, path: str, payload: dict[str, Any] | None, timeout: float):
         data = json.dumps(payload).encode() if payload is not None else None

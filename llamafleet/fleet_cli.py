@@ -10,6 +10,7 @@ import argparse
 import json
 from typing import Any
 
+from .core.serving_gate import DOWN, LOADING, SERVING
 from .errors import UserError
 from .fleet import Fleet
 from .lab.paths import DEFAULT_INVENTORY_DIR
@@ -25,7 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("-i", "--inventory", default=str(DEFAULT_INVENTORY), help="Ansible inventory (default: the lab's)")
         return p
 
-    p = with_inventory(subparsers.add_parser("status", help="the fleet at a glance: units, builds, caches, health"))
+    p = with_inventory(subparsers.add_parser(
+        "status", help="the fleet at a glance: units, builds, caches, health, the gate and the worker links"))
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=status)
 
@@ -40,16 +42,52 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=probe)
 
 
-STATUS_HEADER = f"{'host':<10} {'role':<12} {'address':<15} {'state':<11} {'restarts':<8} {'build':<28} {'cache':<14} health"
+STATUS_HEADER = (f"{'host':<10} {'role':<12} {'address':<15} {'state':<11} {'restarts':<8} {'build':<28} {'cache':<14} "
+                 f"{'gate':<10} {'link':<8} {'serving':<14} detail")
+
+
+def ago(seconds: float | None) -> str:
+    """A duration, short: ``42s``, ``17m``, ``5h``, ``3d`` (``-`` for None)."""
+    if seconds is None:
+        return "-"
+    for unit, size, limit in (("s", 1, 120), ("m", 60, 120 * 60), ("h", 3600, 48 * 3600)):
+        if seconds < limit:
+            return f"{seconds // size:.0f}{unit}"
+    return f"{seconds // 86400:.0f}d"
+
+
+def serving_cell(row: dict[str, Any]) -> str:
+    """The serving column: the gate's state and how long it has been so (``?`` when the gate is not running)."""
+    if "serving" not in row:
+        return "-"
+    if row.get("serving_state") is None:
+        return "?"
+    return f"{row['serving_state']} {ago(row.get('serving_since'))}"
+
+
+def status_note(row: dict[str, Any]) -> str:
+    """The last column: why the cluster does not serve and /health when it adds to that, or why the host could
+    not be read; else /health's answer; then the watchdog's restarts, if any."""
+    notes = [row["serving"]] if row.get("serving") and row.get("serving_state") != SERVING else []
+    health = row.get("health")
+    # while the gate is loading or down, /health's 503 only repeats its reason
+    repeats = row.get("serving_state") in (LOADING, DOWN) and str(health).startswith("HTTP 503")
+    if health and health != "ok" and not repeats:
+        notes.append(health)
+    note = "; ".join(notes) or row.get("error") or health or "-"
+    restarts = row.get("gate_restarts")
+    return f"{note} ({restarts} watchdog restart{'' if restarts == 1 else 's'})" if restarts else note
 
 
 def status_line(row: dict[str, Any]) -> str:
-    """One row of the status table."""
+    """One row of the status table (gate: the gate's unit on the orchestrator, the guard's on a worker)."""
     files = row.get("cache_files")
     cache = f"{(row.get('cache_bytes') or 0) / 2**20:.0f} MiB/{files}" if files is not None else "-"
-    last = row.get("health") or row.get("error") or "-"
+    helpers = [row[key] for key in ("gate", "guard") if row.get(key)]  # a host in both roles runs both
+    gate = next((state for state in helpers if state != "active"), helpers[0] if helpers else "-")
     return (f"{row['host']:<10} {row['role']:<12} {row['address']:<15} {row.get('state', '?'):<11} "
-            f"{row.get('restarts', ''):<8} {row.get('build') or '-':<28} {cache:<14} {last}")
+            f"{row.get('restarts', ''):<8} {row.get('build') or '-':<28} {cache:<14} "
+            f"{gate:<10} {row.get('link') or '-':<8} {serving_cell(row):<14} {status_note(row)}")
 
 
 def status(args: argparse.Namespace) -> int:

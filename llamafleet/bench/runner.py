@@ -30,6 +30,7 @@ from ..layout import service_user
 BENCH_UNIT = "llamafleet-bench.service"
 PROMPT = "The capital of France is"
 LLAMA_UNIT = constants.LLAMA_SERVER_UNIT
+GATE_UNIT = constants.GATE_UNIT
 
 
 @dataclass
@@ -123,14 +124,15 @@ def worker_tx_bytes(fleet: Fleet) -> int:
 
 
 def stop_service(fleet: Fleet) -> None:
+    """Stop llama-server and the gate in front of it (a variant answers on the gate's port itself)."""
     orch = fleet.orchestrator
-    fleet.run(f"systemctl stop {LLAMA_UNIT} {BENCH_UNIT}; systemctl reset-failed {BENCH_UNIT}", [orch])
+    fleet.run(f"systemctl stop {LLAMA_UNIT} {GATE_UNIT} {BENCH_UNIT}; systemctl reset-failed {BENCH_UNIT}", [orch])
 
 
 def restore_service(fleet: Fleet) -> None:
     orch = fleet.orchestrator
-    fleet.run_one(f"systemctl stop {BENCH_UNIT}; systemctl reset-failed {BENCH_UNIT}; systemctl start {LLAMA_UNIT}",
-                  orch, what=f"starting {LLAMA_UNIT} again")
+    fleet.run_one(f"systemctl stop {BENCH_UNIT}; systemctl reset-failed {BENCH_UNIT}; "
+                  f"systemctl start {LLAMA_UNIT} {GATE_UNIT}", orch, what=f"starting {LLAMA_UNIT} again")
     Endpoint.of(fleet, api_key="").wait_healthy(timeout=600)
 
 
@@ -189,6 +191,8 @@ def run_variant(fleet: Fleet, name: str, argv: list[str], runs: int = 3, n_predi
     orch = fleet.orchestrator
     endpoint = Endpoint.of(fleet)
     stop_service(fleet)
+    # the deployed argv listens on loopback behind the gate: the variant takes the gate's address and port
+    argv = replace_flag(replace_flag(argv, "--host", endpoint.address), "--port", str(endpoint.port))
     before = worker_tx_bytes(fleet)
     started = time.monotonic()
     fleet.run_one(shlex.join(systemd_run_argv(fleet, argv)), orch, what="systemd-run")

@@ -326,12 +326,12 @@ def dump_state(rules: Iterable[Rule]) -> str:
                       indent=2, sort_keys=True) + "\n"
 
 
-def _run(run: Runner, argv: list[str], ok: Sequence[int] = (0,)) -> str:
-    """stdout of ``argv``; HostFirewallError naming the command when its status is not in ``ok``."""
+def _run(run: Runner, argv: list[str], empty_ok: bool = False) -> str:
+    """stdout of ``argv``; HostFirewallError naming the command when it fails (``empty_ok``: unless it printed nothing)."""
     rc, out, err = run(argv)
-    if rc not in ok:
+    if rc != 0 and not (empty_ok and not out.strip()):
         raise HostFirewallError("%s failed (%d): %s" % (" ".join(argv), rc, (err or out).strip()[-400:]))
-    return out
+    return out if rc == 0 else ""
 
 
 def probe(run: Runner, which: Which) -> dict[str, Any]:
@@ -353,8 +353,8 @@ def probe(run: Runner, which: Which) -> dict[str, Any]:
         status = (out.strip() or err.strip()).splitlines()
         facts[name] = {"installed": True, "active": bool(is_active(rc, out)), "status": status[0] if status else ""}
     nft = which("nft")
-    rc, out, _ = run([nft, "list", "tables"]) if nft else (1, "", "")
-    facts["nft_tables"] = parse_nft_tables(out) if rc == 0 else None
+    listed = run([nft, "list", "tables"]) if nft else (1, "", "")
+    facts["nft_tables"] = parse_nft_tables(listed[1]) if listed[0] == 0 else None
     return facts
 
 
@@ -365,8 +365,8 @@ def _firewalld_wanted(run: Runner, tool: str, clients: Sequence[str], ports: Seq
     if address and ip_tool:
         interface = parse_ip_addresses(_run(run, [ip_tool, "-o", "addr", "show"])).get(address)
     default_zone = _run(run, [tool, "--get-default-zone"]).strip()
-    # exit status 2 (firewalld 1.x): no zone is active
-    zones = parse_active_zones(_run(run, [tool, "--get-active-zones"], ok=(0, 2)))
+    # no interface or source bound to a zone: some versions exit non-zero, printing nothing
+    zones = parse_active_zones(_run(run, [tool, "--get-active-zones"], empty_ok=True))
     wanted = {Rule("firewalld", zone, client, address, port)
               for client in clients for zone in client_zones(client, interface, zones, default_zone)
               for port in ports}

@@ -10,10 +10,11 @@ relays each request to llama-server on loopback (one upstream connection per
 request, ``Connection: close``, responses streamed as they arrive) and keeps a
 cluster state, ``serving``, ``loading`` or ``down``, with a reason:
 
-- not ``serving``: requests get an immediate 503 with a JSON error in
-  llama-server's shape and ``Retry-After`` (``/health`` is relayed while
-  loading, answered 503 while down); leaving ``serving`` ends every request in
-  flight at once (an SSE stream gets an error event first);
+- ``down``: requests get an immediate 503 with a JSON error in llama-server's
+  shape and ``Retry-After`` (``/health`` included); going down ends every
+  request in flight at once (an SSE stream gets an error event first);
+  ``loading``: requests are relayed (llama-server answers 503 "Loading model"
+  itself until it is ready);
 - the watchdog polls every ``poll_interval`` seconds: the unit's process
   (``systemctl show``), llama-server's ``/health``, and the kernel's view of
   llama-server's connections to the workers (``ss -tinHO``: a link with
@@ -476,8 +477,10 @@ def health_path(req: RequestHead) -> bool:
 
 
 def admission(state: str, req: RequestHead) -> bool:
-    """True when a request goes to llama-server in ``state`` (serving: all; loading: /health only)."""
-    return state == SERVING or (state == LOADING and health_path(req))
+    """True when a request goes to llama-server in ``state``: serving or loading, all (while loading,
+    llama-server answers 503 "Loading model" itself, and serves the moment it is ready, without waiting
+    for the gate's next poll); down, none (``req`` is kept for rules by path)."""
+    return state in (SERVING, LOADING)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -581,6 +584,13 @@ def running_workers(configured: tuple[Worker, ...], endpoints: list[tuple[str, i
                  for a, p in endpoints)
 
 
+def link_names(workers: tuple[Worker, ...] | list[Worker]) -> list[str]:
+    """The name each worker's link goes by: its host, or ``host:port`` where a host has several
+    endpoints (one rpc-server per device), so each is watched on its own."""
+    hosts = [worker.host for worker in workers]
+    return [w.host if hosts.count(w.host) == 1 else "%s:%d" % (w.host, w.port) for w in workers]
+
+
 def link_stalled(conn: dict[str, Any], stall_seconds: float) -> bool:
     """Data sent on the link and no ACK from the worker for ``stall_seconds``."""
     return conn["unacked"] > 0 and conn["lastack_ms"] >= stall_seconds * 1000
@@ -595,12 +605,12 @@ def worker_links(conns: list[dict[str, Any]], workers: tuple[Worker, ...] | list
     has data unacknowledged for ``stall_seconds``, "ok" when one is established, "lost" when none is.
     """
     links = {}
-    for worker in workers:
+    for worker, name in zip(workers, link_names(workers)):
         key = (normalize_address(worker.address), worker.port)
         mine = [conn for conn in conns if conn["peer"] == key and conn["state"].upper().startswith("ESTAB")]
         stalled = [conn for conn in mine if link_stalled(conn, stall_seconds)]
         worst = max(stalled or mine, key=lambda conn: (conn["unacked"], conn["lastack_ms"]), default=None)
-        links[worker.host] = {
+        links[name] = {
             "address": worker.address, "port": worker.port,
             "link": "stalled" if stalled else ("ok" if mine else "lost"),
             "unacked": worst["unacked"] if worst else 0, "lastack_ms": worst["lastack_ms"] if worst else None,
@@ -855,7 +865,7 @@ class Gate:
         self._stopping = False
 
     def set_state(self, state: str, reason: str) -> bool:
-        """Set the cluster state; leaving ``serving`` ends every request in flight at once.
+        """Set the cluster state; going ``down`` ends every request in flight at once.
         Logs and returns True when state or reason changed."""
         if state not in STATES:
             raise ValueError("unknown state %r" % state)
@@ -868,7 +878,7 @@ class Gate:
         if state != old or _reason_shape(reason) != _reason_shape(self.reason):
             log("%s -> %s: %s" % (old, state, reason))
         self.state, self.reason = state, reason
-        if old == SERVING and state != SERVING:
+        if state == DOWN:
             self.abort_all(503, reason)
         return True
 
@@ -1358,12 +1368,12 @@ class Watchdog:
     def snapshot(self) -> dict[str, Any]:
         """The state file's content."""
         workers = {}
-        for worker in self.workers:
-            info = (self.links or {}).get(worker.host)
-            workers[worker.host] = {"address": worker.address, "port": worker.port,
-                                    "link": info["link"] if info else "unknown",
-                                    "unacked": info["unacked"] if info else None,
-                                    "lastack_ms": info["lastack_ms"] if info else None}
+        for worker, name in zip(self.workers, link_names(self.workers)):
+            info = (self.links or {}).get(name)
+            workers[name] = {"address": worker.address, "port": worker.port,
+                             "link": info["link"] if info else "unknown",
+                             "unacked": info["unacked"] if info else None,
+                             "lastack_ms": info["lastack_ms"] if info else None}
         return {"state": self.gate.state, "reason": self.gate.reason, "since": self.gate.since,
                 "updated": self.gate.clock(), "restarts": self.restarts, "last_action": self.last_action,
                 "workers": workers, "canary": self.canary_state, "counters": dict(self.gate.counters),

@@ -25,7 +25,8 @@ def main_pids(fleet) -> dict[str, str]:
     """MainPID and start timestamp of the cluster's units on every host."""
     pids = {}
     for name, res in fleet.run(
-        "for u in llamafleet-llama-server.service llamafleet-rpc-server.service; do "
+        f"for u in {constants.LLAMA_SERVER_UNIT} {constants.GATE_UNIT} {constants.RPC_SERVER_UNIT} "
+        f"{constants.RPC_GUARD_UNIT}; do "
         "systemctl show -p MainPID,ExecMainStartTimestampMonotonic --value $u 2>/dev/null | tr '\\n' ' '; echo; done"
     ).items():
         assert res.ok, f"{name}: {res.error or res.stderr}"
@@ -197,6 +198,19 @@ def assert_fails_before_any_change(fleet, extra, expected, inventory=INVENTORY):
 @pytest.mark.parametrize(("extra", "expected"), BAD_INPUT)
 def test_bad_input_fails_before_any_change(deployed, fleet, extra, expected):
     assert_fails_before_any_change(fleet, extra, expected)
+
+
+@pytest.mark.parametrize(("mode", "expected"), [
+    (None, "does not exist"),
+    (0o644, "is readable by everyone (mode 0644): chmod o-rwx it"),
+], ids=["api-key-file-missing", "api-key-file-world-readable"])
+def test_bad_api_key_file_fails_before_any_change(deployed, fleet, tmp_path, mode, expected):
+    key = tmp_path / "llama-server.key"
+    if mode is not None:
+        key.write_text("a-key-given-by-the-user-0123456789\n")
+        key.chmod(mode)
+    assert_fails_before_any_change(fleet, ["-e", f"llama_server_api_key_file={key}"],
+                                   [f"llama_server_api_key_file={key}", expected, "lab1"])
 
 
 @pytest.fixture(scope="module")

@@ -164,6 +164,21 @@ def run_fault(fleet, endpoint: Endpoint, name: str, inject, heal=None, lasting: 
     return row
 
 
+def test_sixteen_clients_all_get_answers(fleet, endpoint):
+    """16 clients streaming through the gate at once, on the planned slots: every request answered."""
+    from llamafleet.bench.measure import stream_completion, sweep
+    from llamafleet.cluster import read_plan
+
+    plan = read_plan(fleet)
+    assert plan["n_parallel"] > 1 and plan["kv_unified"], plan.get("explanation")
+    result = sweep(lambda: stream_completion(endpoint.url, n_predict=16, api_key=endpoint.api_key, timeout=120.0),
+                   16, requests=32)
+    print(f"\n16 clients, {plan['n_parallel']} slots: {result.aggregate_tok_s:.1f} tok/s aggregate, "
+          f"p95 {result.latency_p95_s:.1f} s, {result.errors} errors")
+    assert result.errors == 0, result.error_samples
+    assert result.requests == 32 and result.tokens >= 32 * 15
+
+
 def test_rpc_server_killed(fleet, endpoint):
     worker = fleet.workers[0]
     row = run_fault(fleet, endpoint, "rpc-server kill -9",

@@ -15,3 +15,25 @@ def run_main(main: Callable[[], None], args: dict[str, Any],
     with patch_module_args(args), pytest.raises(SystemExit) as exited:
         main()
     return exited.value.code or 0, json.loads(capsys.readouterr().out)
+
+
+# check mode with diff, apply, apply again, check mode: (extra arguments, whether the run reports a change)
+FOUR_RUNS = [({"_ansible_check_mode": True, "_ansible_diff": True}, True), ({}, True), ({}, False),
+             ({"_ansible_check_mode": True}, False)]
+
+
+def run_four(main: Callable[[], None], base: dict[str, Any], capsys: pytest.CaptureFixture[str],
+             after_each: Callable[[dict[str, Any], dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """The four-run idempotence check of a module (FOUR_RUNS); the four results.
+
+    ``after_each(extra, result)`` runs after every run, for checks of what the run left behind.
+    """
+    results = []
+    for extra, changed in FOUR_RUNS:
+        rc, result = run_main(main, {**base, **extra}, capsys)
+        assert rc == 0, result
+        assert result["changed"] is changed, (extra, result)
+        if after_each is not None:
+            after_each(extra, result)
+        results.append(result)
+    return results

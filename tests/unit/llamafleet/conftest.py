@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 
 from llamafleet.cluster import Endpoint
+from llamafleet.core import constants
 from llamafleet.fleet import Fleet, Host
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -183,21 +185,47 @@ print("\\n\\n".join(by_id.get(u, missing % u) for u in args[args.index("--") + 1
 """
 
 
+def gate_state_doc(name: str, age: float = 0.0, **changes: Any) -> dict[str, Any]:
+    """The recorded gate state ``gate-state_NAME_generated.json`` as if written ``age`` seconds ago (by this
+    machine's clock), its other times moved along, with ``changes`` applied."""
+    doc = json.loads((FIXTURES / f"gate-state_{name}_generated.json").read_text(encoding="utf-8"))
+    shift = int(time.time() - age) - doc["updated"]  # date +%s truncates too
+    doc.update(updated=doc["updated"] + shift, since=doc["since"] + shift)
+    doc.update(changes)
+    return doc
+
+
 @pytest.fixture
-def machine_fleet(tmp_path: Path, server: Callable[..., FakeServer], connector: type[Connector]) -> SimpleNamespace:
+def machine_fleet(tmp_path: Path, server: Callable[..., FakeServer], connector: type[Connector],
+                  monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     """A four-host fleet whose hosts are this machine: each its own build link and cache under tmp_path.
 
-    lab1 orchestrates (its llama-server is ``server``, with an API key); lab2 is a worker with one
-    rpc-server, lab3 one per device (CUDA0 active, CUDA1 restarting); lab4 cannot be reached.
-    ``systemctl`` answers from the recorded ``systemctl show`` output.
+    lab1 orchestrates (its llama-server is ``server``, with an API key; its gate's state file,
+    ``gate_state_file``, is the recorded serving one, written now: ``write_gate_state(name, age, **changes)``
+    replaces it); lab2 is a worker with one rpc-server, lab3 one per device (CUDA0 active, CUDA1
+    restarting); lab4 cannot be reached. ``systemctl`` answers from the recorded ``systemctl show``
+    output (the gate and the guards active).
     """
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "systemctl").write_text(FAKE_SYSTEMCTL, encoding="utf-8")
     (bin_dir / "systemctl").chmod(0o755)
     log = tmp_path / "systemctl.log"
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_SYSTEMCTL_LOG": str(log),
-           "FAKE_SYSTEMCTL_SHOW": str(FIXTURES / "systemctl-252_show_units_reconstructed.txt")}
+    show = tmp_path / "systemctl-show.txt"
+    show.write_text("\n\n".join((FIXTURES / name).read_text(encoding="utf-8").strip() for name in (
+        "systemctl-252_show_units_reconstructed.txt", "systemctl-252_show_gate_units_reconstructed.txt")) + "\n",
+        encoding="utf-8")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_SYSTEMCTL_LOG": str(log), "FAKE_SYSTEMCTL_SHOW": str(show)}
+    gate_state_file = tmp_path / "lab1" / "run" / constants.GATE_RUNTIME_DIR / "state.json"
+    gate_state_file.parent.mkdir(parents=True)
+    monkeypatch.setattr(constants, "GATE_STATE_PATH", str(gate_state_file))
+
+    def write_gate_state(name: str, age: float = 0.0, **changes: Any) -> dict[str, Any]:
+        doc = gate_state_doc(name, age, **changes)
+        gate_state_file.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        return doc
+
+    write_gate_state("serving")
     srv = server(api_key="s3cret")
     hostvars: dict[str, dict[str, Any]] = {}
     for name, cache_files in (("lab1", 0), ("lab2", 3), ("lab3", 1), ("lab4", 0)):
@@ -222,7 +250,7 @@ def machine_fleet(tmp_path: Path, server: Callable[..., FakeServer], connector: 
 
     conn = connector(answer)
     return SimpleNamespace(fleet=Fleet.from_inventory_json(data, conn), server=srv, connector=conn, log=log,
-                           inventory=data)
+                           inventory=data, gate_state_file=gate_state_file, write_gate_state=write_gate_state)
 
 
 @pytest.fixture

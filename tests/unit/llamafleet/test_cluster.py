@@ -23,7 +23,8 @@ def test_endpoint_of_the_recorded_lab_inventory(lab_inventory):
 @pytest.mark.parametrize(
     ("vars_", "url"),
     [({}, f"http://10.0.0.1:{constants.LLAMA_SERVER_PORT}"),
-     ({"llama_server_bind_address": "127.0.0.1", "llama_server_port": "9000"}, "http://127.0.0.1:9000")],
+     ({"llama_server_bind_address": "127.0.0.1", "llama_server_port": "9000"}, "http://127.0.0.1:9000"),
+     ({"llama_server_tls_cert": "/etc/ssl/gate.pem"}, f"https://10.0.0.1:{constants.LLAMA_SERVER_PORT}")],
 )
 def test_endpoint_address_and_port(vars_, url):
     data = {constants.GROUP_ORCHESTRATOR: {"hosts": ["o"]},

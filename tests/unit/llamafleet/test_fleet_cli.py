@@ -39,6 +39,8 @@ def test_status_json_has_the_fields_the_e2e_test_reads(machine_fleet, use_fleet,
     assert worker["state"] == "active" and worker["unit"] == constants.RPC_SERVER_UNIT
     assert int(worker["cache_files"]) >= 1 and int(worker["cache_bytes"]) > 0
     assert worker["build"] == orch["build"] == "b4321-cpu"
+    assert (orch["gate"], orch["serving_state"], orch["gate_restarts"]) == ("active", "serving", 1)
+    assert (worker["guard"], worker["link"]) == ("active", "ok")
 
 
 def test_status_exit_status_is_0_when_all_is_well(machine_fleet, use_fleet, capsys):
@@ -50,7 +52,28 @@ def test_status_exit_status_is_0_when_all_is_well(machine_fleet, use_fleet, caps
     assert lines[0] == fleet_cli.STATUS_HEADER
     assert [line.split()[:4] for line in lines[1:]] == [["lab1", "orchestrator", "127.0.0.1", "active"],
                                                         ["lab2", "worker", "127.0.0.1", "active"]]
-    assert lines[1].endswith(" ok") and "MiB/3" in lines[2]
+    # gate, link, serving (for 28 minutes, the recorded file's), health and the watchdog's one restart
+    assert lines[1].split()[-8:] == ["active", "-", "serving", "28m", "ok", "(1", "watchdog", "restart)"]
+    assert "MiB/3" in lines[2] and lines[2].split()[-4:] == ["active", "ok", "-", "-"]  # guard, link
+
+
+def test_status_of_a_stalled_worker_exits_1_and_says_why(machine_fleet, use_fleet, capsys):
+    machine_fleet.write_gate_state("down_stalled")
+    use_fleet(machine_fleet.fleet)
+    assert main(["status"]) == 1
+    out = capsys.readouterr().out
+    print(out, file=sys.stderr)  # the example table, with -s
+    lines = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert lines["lab1"].split()[7:10] == ["active", "-", "down"] and lines["lab1"].split()[10] in ("1s", "2s")
+    assert lines["lab1"].endswith("no ACK for 6.6 s; llama-server is restarted if it lasts 30 s (1 watchdog restart)")
+    assert "HTTP 503" not in lines["lab1"]  # the fake server says ok; the gate's 503 would only repeat the reason
+    # a worker's cache is two words ("6 MiB/3")
+    assert lines["lab2"].split()[8:10] == ["active", "ok"] and lines["lab3"].split()[8:10] == ["active", "stalled"]
+
+
+ORCH_ROW = {"host": "lab1", "role": "orchestrator", "address": "10.0.0.1", "state": "active", "restarts": 1,
+            "build": "b1", "cache_files": None}
+GATE = {"gate": "active", "gate_restarts": 0}
 
 
 @pytest.mark.parametrize(
@@ -58,16 +81,47 @@ def test_status_exit_status_is_0_when_all_is_well(machine_fleet, use_fleet, caps
     [
         ({"host": "lab2", "role": "worker", "address": "10.0.0.2", "state": "active", "restarts": 0, "build": "b1",
           "cache_bytes": 3 * 2**20, "cache_files": 2},
-         ["lab2", "worker", "10.0.0.2", "active", "0", "b1", "3", "MiB/2", "-"]),
+         ["lab2", "worker", "10.0.0.2", "active", "0", "b1", "3", "MiB/2", "-", "-", "-", "-"]),
+        ({"host": "lab2", "role": "worker", "address": "10.0.0.2", "state": "active", "restarts": 0, "build": "b1",
+          "cache_bytes": 3 * 2**20, "cache_files": 2, "guard": "failed", "link": "stalled"},
+         ["lab2", "worker", "10.0.0.2", "active", "0", "b1", "3", "MiB/2", "failed", "stalled", "-", "-"]),
         ({"host": "lab4", "role": "worker", "address": "10.0.0.4", "state": "unreachable", "error": "timed out"},
-         ["lab4", "worker", "10.0.0.4", "unreachable", "-", "-", "timed", "out"]),
-        ({"host": "lab1", "role": "orchestrator", "address": "10.0.0.1", "state": "active", "restarts": 1,
-          "build": "b1", "cache_files": None, "health": "HTTP 503: Loading model"},
-         ["lab1", "orchestrator", "10.0.0.1", "active", "1", "b1", "-", "HTTP", "503:", "Loading", "model"]),
+         ["lab4", "worker", "10.0.0.4", "unreachable", "-", "-", "-", "-", "-", "timed", "out"]),
+        # no gate (a fleet deployed before it): /health as before
+        (dict(ORCH_ROW, health="HTTP 503: Loading model"),
+         ["lab1", "orchestrator", "10.0.0.1", "active", "1", "b1", "-", "-", "-", "-", "HTTP", "503:", "Loading",
+          "model"]),
+        (dict(ORCH_ROW, **GATE, health="ok", serving="serving: llama-server is serving", serving_state="serving",
+              serving_since=7300),
+         ["lab1", "orchestrator", "10.0.0.1", "active", "1", "b1", "-", "active", "-", "serving", "2h", "ok"]),
+        # loading: /health's 503 only repeats the gate's reason
+        (dict(ORCH_ROW, **GATE, health="HTTP 503: Loading model", serving="loading: llama-server is loading the model",
+              serving_state="loading", serving_since=75),
+         ["lab1", "orchestrator", "10.0.0.1", "active", "1", "b1", "-", "active", "-", "loading", "75s",
+          "loading:", "llama-server", "is", "loading", "the", "model"]),
+        (dict(ORCH_ROW, gate="active", gate_restarts=2, health="HTTP 503: llamafleet: worker lab3 lost",
+              serving="down: worker lab3 lost", serving_state="down", serving_since=130),
+         ["lab1", "orchestrator", "10.0.0.1", "active", "1", "b1", "-", "active", "-", "down", "2m", "down:",
+          "worker", "lab3", "lost", "(2", "watchdog", "restarts)"]),
+        # the gate is not running: what /health says adds to that
+        (dict(ORCH_ROW, gate="failed", gate_restarts=None, health="unreachable (Connection refused)",
+              serving="gate not running (llamafleet-gate.service is failed)", serving_state=None),
+         ["lab1", "orchestrator", "10.0.0.1", "active", "1", "b1", "-", "failed", "-", "?", "gate", "not", "running",
+          "(llamafleet-gate.service", "is", "failed);", "unreachable", "(Connection", "refused)"]),
+        # a host in both roles shows the helper that is not active
+        (dict(ORCH_ROW, **GATE, guard="inactive", link=None, health="ok", serving="serving: x",
+              serving_state="serving", serving_since=5),
+         ["lab1", "orchestrator", "10.0.0.1", "active", "1", "b1", "-", "inactive", "-", "serving", "5s", "ok"]),
     ],
 )
 def test_status_line(row, columns):
     assert fleet_cli.status_line(row).split() == columns
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(None, "-"), (0, "0s"), (119.9, "119s"), (120, "2m"), (7199, "119m"),
+                                               (7200, "2h"), (48 * 3600 - 1, "47h"), (48 * 3600, "2d")])
+def test_ago(seconds, text):
+    assert fleet_cli.ago(seconds) == text
 
 
 def test_logs_of_a_worker_and_of_an_unknown_host(machine_fleet, use_fleet, capsys):
@@ -78,7 +132,10 @@ def test_logs_of_a_worker_and_of_an_unknown_host(machine_fleet, use_fleet, capsy
     assert main(["logs", "lab3", "-n", "7"]) == 0
     assert capsys.readouterr().out == (
         "journal of lab3: journalctl -u llamafleet-rpc-server-cuda0.service -u llamafleet-rpc-server-cuda1.service "
-        "-n 7 --no-pager -o short-iso\n")
+        f"-u {constants.RPC_GUARD_UNIT} -n 7 --no-pager -o short-iso\n")
+    assert main(["logs", "lab1", "-n", "7"]) == 0
+    assert capsys.readouterr().out == (f"journal of lab1: journalctl -u {constants.LLAMA_SERVER_UNIT} "
+                                       f"-u {constants.GATE_UNIT} -n 7 --no-pager -o short-iso\n")
     assert main(["logs", "no-such-host"]) == 2
     assert "no-such-host is not in" in capsys.readouterr().err
     assert main(["logs", "lab4"]) == 2

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import datetime
 import json
 import re
 import shutil
@@ -36,6 +35,7 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.serving_gate im
     decide,
     established_on,
     guard_decide,
+    link_names,
     load_config,
     parse_listeners,
     parse_ss,
@@ -229,8 +229,8 @@ def test_a_stall_restarts_only_once_it_lasts_restart_after() -> None:
     mem = remember(SERVING_MEM, _obs(links=STALL_LINKS, stalls={"lab3": 2}), short)
     assert decide(_obs(), mem, cfg) == Decision(SERVING, "llama-server is serving")
     # it does not: restart once no ACK came for restart_after
-    long_links = _links(_ss_line("10.77.0.12:50052"), _ss_line("10.77.0.13:50052", sendq=4096, unacked=3,
-                                                                 lastack=30500))
+    lab3 = _ss_line("10.77.0.13:50052", sendq=4096, unacked=3, lastack=30500)
+    long_links = _links(_ss_line("10.77.0.12:50052"), lab3)
     long = decide(_obs(links=long_links, stalls={"lab3": 27}), mem, cfg)
     assert (long.state, long.action) == (DOWN, "restart")
     assert long.reason.endswith("no ACK for 30.5 s; restarting llama-server (pid 1234)")
@@ -401,7 +401,7 @@ def test_admission_and_retry_after() -> None:
     health = sg.parse_request_head(b"GET /health HTTP/1.1\r\n\r\n")
     chat = sg.parse_request_head(b"POST /v1/chat/completions HTTP/1.1\r\n\r\n")
     assert [sg.admission(state, health) for state in (SERVING, LOADING, DOWN)] == [True, True, False]
-    assert [sg.admission(state, chat) for state in (SERVING, LOADING, DOWN)] == [True, False, False]
+    assert [sg.admission(state, chat) for state in (SERVING, LOADING, DOWN)] == [True, True, False]
     assert sg.retry_after(LOADING) < sg.retry_after(DOWN)
 
 
@@ -598,15 +598,31 @@ def test_down_answers_503_at_once_and_health_says_why() -> None:
     _run(scenario)
 
 
-def test_loading_relays_health_only() -> None:
+def test_loading_relays_everything_to_llama_server() -> None:
+    """While loading, llama-server answers for itself (503 "Loading model", then its answers the moment it is
+    ready): a client that saw /health 200 is never refused by a gate whose next poll has not come yet."""
     async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
         gate.set_state(LOADING, "llama-server is loading the model")
         status, headers, _body = _json_answer(await _exchange(gate, b"GET /health HTTP/1.1\r\n\r\n"))
         assert (status, headers["X-Custom"]) == (200, "yes")
-        status, headers, body = _json_answer(await _exchange(gate, CHAT))
-        assert (status, headers["Retry-After"]) == (503, str(sg.RETRY_AFTER[LOADING]))
-        assert body["error"]["message"] == "llamafleet: llama-server is loading the model"
-        assert len(upstream.heads) == 1
+        status, _headers, body = _json_answer(await _exchange(gate, CHAT))
+        assert (status, body["echo"]) == (200, '{"prompt":"hi!"}')
+        assert len(upstream.heads) == 2
+
+    _run(scenario)
+
+
+def test_going_down_from_loading_ends_requests_in_flight() -> None:
+    async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
+        gate.set_state(LOADING, "llama-server is loading the model")
+        reader, writer = await _request(gate, b"POST /hang HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+        await reader.readuntil(b"\r\n\r\n")
+        started = time.monotonic()
+        gate.set_state(DOWN, "worker lab3 stopped acknowledging")
+        rest = await asyncio.wait_for(reader.read(), timeout=CFG.deadline)
+        assert time.monotonic() - started < 2.0
+        assert b"worker lab3 stopped acknowledging" in rest
+        writer.close()
 
     _run(scenario)
 
@@ -705,25 +721,13 @@ def test_connection_limit() -> None:
 
 
 def test_tls(tmp_path: Path) -> None:
-    crypto = pytest.importorskip("cryptography")
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+    pytest.importorskip("cryptography")
+    from tests.helpers import self_signed_pair
 
-    assert crypto
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
-            .sign(key, hashes.SHA256()))
+    cert, key = self_signed_pair("localhost")
     cert_path, key_path = tmp_path / "gate.crt", tmp_path / "gate.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    cert_path.write_bytes(cert)
+    key_path.write_bytes(key)
     client = ssl.create_default_context(cafile=str(cert_path))
 
     async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
@@ -904,3 +908,13 @@ def test_a_reason_whose_figures_change_is_logged_once(capsys: pytest.CaptureFixt
         "worker lab3 stopped acknowledging: no ACK for 4.3 s",
         "worker lab3 stopped acknowledging: no ACK for 30.4 s; restarting llama-server (pid 12)"]
     assert gate.reason.endswith("(pid 12)")
+
+
+def test_a_host_with_one_rpc_server_per_device_has_a_link_per_endpoint() -> None:
+    workers = (Worker("lab3", "10.77.0.13", 50052), Worker("lab3", "10.77.0.13", 50053), LAB[0])
+    assert link_names(workers) == ["lab3:50052", "lab3:50053", "lab2"]
+    stalled = _ss_line("10.77.0.13:50053", sendq=10, unacked=2, lastack=9000)
+    conns = parse_ss(_ss_line("10.77.0.13:50052") + "\n" + stalled)
+    links = worker_links(conns, workers)
+    assert {name: info["link"] for name, info in links.items()} == {"lab3:50052": "ok", "lab3:50053": "stalled",
+                                                                    "lab2": "lost"}

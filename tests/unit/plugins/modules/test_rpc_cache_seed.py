@@ -9,7 +9,7 @@ import pytest
 from gguf_testfile import write_gguf
 
 from ansible_collections.llamafleet.cluster.plugins.modules import rpc_cache_seed
-from module_runner import run_main
+from module_runner import run_four, run_main
 
 
 def run_module(args: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
@@ -26,16 +26,7 @@ def test_check_apply_apply_check(model: Path, tmp_path: Path, fnv_helper: str,
                                  capsys: pytest.CaptureFixture[str]) -> None:
     cache = tmp_path / "cache" / "rpc"
     base = {"model": [str(model)], "cache_dir": str(cache), "threshold": 1000, "hasher": fnv_helper}
-    runs = [({"_ansible_check_mode": True, "_ansible_diff": True}, True),
-            ({}, True),
-            ({}, False),
-            ({"_ansible_check_mode": True}, False)]
-    results = []
-    for extra, changed in runs:
-        rc, result = run_module({**base, **extra}, capsys)
-        assert rc == 0, result
-        assert result["changed"] is changed, (extra, result)
-        results.append(result)
+    results = run_four(rpc_cache_seed.main, base, capsys)
     first_check, applied, again = results[:3]
     assert sorted(first_check["seeded_files"]) == sorted(applied["seeded_files"])
     assert len(applied["seeded_files"]) == 2 and applied["seeded_bytes"] == 24000

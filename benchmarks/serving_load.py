@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+# Copyright: llamafleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Many clients on the deployed lab: one slot (`-np 1`) against the slots the planner sizes.
+
+For each slot setting it re-deploys the orchestrator (deploy.yml with `-e llama_server_parallel=N`,
+0 = the planner's automatic choice), then runs streamed completions through the gate from 1 client
+and from N clients for a fixed time each, and prints aggregate tok/s, its ratio to one client, p50/p95
+latency and errors. The deployed default is restored at the end. `--soak` runs one long step instead
+(the 4-worker soak: `--hosts 5 --soak 600`).
+
+    python benchmarks/serving_load.py [--hosts 3] [--clients 16] [--seconds 60] [--slots 1,0] [--json FILE]
+    python benchmarks/serving_load.py --hosts 5 --soak 600 --clients 16 --json soak.json
+
+Needs root and the lab (`llamafleet lab up --hosts N` is run if it is not up). Targets: with the planned
+slots, 16 clients give at least 2x the single client's tok/s with 0 errors; the soak ends with 0 errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from llamafleet.bench.measure import stream_completion, sweep  # noqa: E402
+from llamafleet.cluster import Endpoint, read_plan  # noqa: E402
+from llamafleet.fleet import Fleet  # noqa: E402
+
+BIN = Path(sys.executable).parent
+INVENTORY = ROOT / "inventories" / "lab" / "hosts.ini"
+N_PREDICT = 64
+
+
+def run(*argv: str, timeout: float = 3600) -> None:
+    started = time.monotonic()
+    done = subprocess.run(list(argv), cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(argv)} failed ({done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-2000:]}")
+    print(f"    ({' '.join(Path(a).name if a.startswith('/') else a for a in argv[:3])} ... "
+          f"{time.monotonic() - started:.0f} s)", flush=True)
+
+
+def deploy(*extra: str) -> None:
+    run(str(BIN / "ansible-playbook"), "-i", str(INVENTORY), str(ROOT / "playbooks" / "deploy.yml"), *extra)
+
+
+def step(endpoint: Endpoint, clients: int, seconds: float) -> dict:
+    result = sweep(lambda: stream_completion(endpoint.url, n_predict=N_PREDICT, api_key=endpoint.api_key,
+                                             timeout=120.0), clients, duration_s=seconds)
+    return asdict(result)
+
+
+def row_text(label: str, one: dict, many: dict) -> str:
+    ratio = many["aggregate_tok_s"] / one["aggregate_tok_s"] if one["aggregate_tok_s"] else float("nan")
+    return (f"| {label} | {one['aggregate_tok_s']:.1f} | {many['clients']} | {many['aggregate_tok_s']:.1f} | "
+            f"{ratio:.2f}x | {many['latency_p50_s']:.2f} | {many['latency_p95_s']:.2f} | {many['ttft_p95_s']:.2f} | "
+            f"{many['requests']} | {many['errors']} |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hosts", type=int, default=3)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--slots", default="1,0", help="llama_server_parallel values to compare (0 = planned)")
+    parser.add_argument("--soak", type=float, help="one step of this many seconds with the planned slots instead")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    run(str(BIN / "llamafleet"), "lab", "up", "--hosts", str(args.hosts), timeout=1800)
+    fleet = Fleet.from_inventory(INVENTORY)
+    results: dict = {"hosts": args.hosts, "clients": args.clients, "n_predict": N_PREDICT, "runs": []}
+    lines = ["| slots | 1 client tok/s | clients | aggregate tok/s | x 1 client | p50 s | p95 s | TTFT p95 s "
+             "| requests | errors |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    try:
+        settings = [0] if args.soak else [int(s) for s in args.slots.split(",")]
+        for slots in settings:
+            print(f"==> deploying with llama_server_parallel={slots}", flush=True)
+            deploy("-e", f"llama_server_parallel={slots}")
+            endpoint = Endpoint.of(fleet)
+            endpoint.wait_healthy(timeout=300)
+            plan = read_plan(fleet)
+            label = f"{plan['n_parallel']} ({'planned' if slots == 0 else 'fixed'})"
+            print(f"==> {label} slots, {len(plan['rpc'])} workers: 1 client for {args.seconds:.0f} s", flush=True)
+            one = step(endpoint, 1, args.seconds)
+            seconds = args.soak or args.seconds
+            print(f"==> {args.clients} clients for {seconds:.0f} s", flush=True)
+            many = step(endpoint, args.clients, seconds)
+            results["runs"].append({"slots": plan["n_parallel"], "planned": slots == 0, "workers": len(plan["rpc"]),
+                                    "one": one, "many": many})
+            lines.append(row_text(label, one, many))
+            print(lines[-1], flush=True)
+    finally:
+        print("==> restoring the deployed default", flush=True)
+        deploy()
+    print("\n".join(lines))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    return 0 if all(r["many"]["errors"] == 0 for r in results["runs"]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,74 @@
+"""TLS at the gate on the lab: a certificate made here, deployed, served over https; a mismatched pair refused.
+
+Runs after test_deploy.py on its converged lab and restores the plain-HTTP deploy at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import urllib.error
+import urllib.request
+
+import pytest
+
+from llamafleet.cluster import Endpoint
+from tests.e2e.test_deploy import assert_fails_before_any_change
+from tests.helpers import playbook, self_signed_pair
+
+pytest.importorskip("cryptography")
+
+TLS_DIR = "/etc/llamafleet/tls"
+
+
+def put(fleet, host, path: str, data: bytes, mode: str) -> None:
+    res = fleet.run(f"install -d -m 0750 -o root -g llamafleet {TLS_DIR} && cat > {path} <<'EOF'\n"
+                    f"{data.decode()}EOF\nchown root:llamafleet {path} && chmod {mode} {path}", [host])[host.name]
+    assert res.ok, res.stderr
+
+
+@pytest.fixture(scope="module")
+def tls_files(deployed, fleet, tmp_path_factory):
+    orch = fleet.orchestrator
+    cert, key = self_signed_pair(orch.cluster_address)
+    _other_cert, other_key = self_signed_pair(orch.cluster_address)
+    put(fleet, orch, f"{TLS_DIR}/gate.pem", cert, "0644")
+    put(fleet, orch, f"{TLS_DIR}/gate.key", key, "0640")
+    put(fleet, orch, f"{TLS_DIR}/other.key", other_key, "0640")
+    cafile = tmp_path_factory.mktemp("tls") / "gate.pem"
+    cafile.write_bytes(cert)
+    yield {"cert": f"{TLS_DIR}/gate.pem", "key": f"{TLS_DIR}/gate.key", "other_key": f"{TLS_DIR}/other.key",
+           "cafile": cafile}
+    fleet.run(f"rm -rf {TLS_DIR}", [orch])
+
+
+def test_a_key_that_does_not_match_the_certificate_is_refused(fleet, tls_files):
+    assert_fails_before_any_change(
+        fleet, ["-e", f"llama_server_tls_cert={tls_files['cert']}", "-e", f"llama_server_tls_key={tls_files['other_key']}"],
+        ["lab1", f"llama_server_tls_cert={tls_files['cert']}", "do not load as a PEM certificate and its key"])
+
+
+def test_the_gate_serves_https_with_the_given_certificate(fleet, tls_files):
+    tls = ["-e", f"llama_server_tls_cert={tls_files['cert']}", "-e", f"llama_server_tls_key={tls_files['key']}"]
+    try:
+        run = playbook("deploy.yml", *tls)
+        assert run.rc == 0, run.output[-6000:]
+        plain = Endpoint.of(fleet)
+        url = plain.url.replace("http://", "https://")
+        context = ssl.create_default_context(cafile=str(tls_files["cafile"]))
+        req = urllib.request.Request(url + "/completion", method="POST", data=json.dumps(
+            {"prompt": "The capital of France is", "n_predict": 4}).encode())
+        req.add_header("Authorization", f"Bearer {plain.api_key}")
+        with urllib.request.urlopen(req, timeout=60, context=context) as resp:  # noqa: S310 - the lab's gate
+            assert resp.status == 200 and json.loads(resp.read())["content"].strip()
+        # the certificate is verified, and plain HTTP is not spoken any more
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+            urllib.request.urlopen(url + "/health", timeout=10, context=ssl.create_default_context())  # noqa: S310
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            urllib.request.urlopen(plain.url + "/health", timeout=10)  # noqa: S310
+        again = playbook("deploy.yml", *tls)
+        assert again.rc == 0 and again.changed == 0, again.output[-4000:]
+    finally:
+        restore = playbook("deploy.yml")
+        assert restore.rc == 0, restore.output[-6000:]
+    Endpoint.of(fleet).wait_healthy(timeout=120)
