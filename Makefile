@@ -24,7 +24,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 DEBIAN_PACKAGES := systemd-container debootstrap openssh-client iproute2 ccache curl rsync gcc make git
 
-.PHONY: help demo test deps venv collection lint sanity unit lab-test e2e-test llamacpp-local-test molecule-test bench clean-lab
+.PHONY: help demo test deps venv collection lint sanity unit lab-test e2e-test partition-test llamacpp-local-test molecule-test bench clean-lab
 
 help:
 	@echo "make demo   - real 3-host lab on this machine, deploy, a completion from the distributed cluster"
@@ -90,6 +90,11 @@ lab-test: venv collection
 e2e-test: venv collection
 	@echo "==> end-to-end tests: deploy.yml on a 3-host lab (compiles llama.cpp once unless the controller caches it)"
 	@$(BIN)/pytest -q tests/e2e
+
+# The 2-minute silent partition of tests/e2e/test_faults.py: run on its own (see the test's note).
+partition-test: venv collection
+	@echo "==> silent partition fault test (3-host lab)"
+	@LLAMAFLEET_PARTITION_TEST=1 $(BIN)/pytest -q -s tests/e2e/test_faults.py -k partition
 
 # llama.cpp binaries for the local tests: the controller's artifact cache holds
 # what the deploy built for these hosts, which are Debian 12 like this machine.
