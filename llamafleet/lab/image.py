@@ -370,15 +370,42 @@ def apt_proxy_text(proxy_url: str) -> str:
     )
 
 
+# systemd-sysctl.service is skipped in a container (ConditionPathIsReadWrite=/proc/sys/), but nspawn leaves the
+# container's own /proc/sys/net writable: this unit applies the network part of the sysctl defaults a real
+# Debian host gets at boot (systemd's 50-default.conf: ping_group_range, rp_filter, ...).
+NET_SYSCTL_UNIT = "llamafleet-lab-net-sysctl.service"
+NET_SYSCTL_UNIT_TEXT = (
+    "[Unit]\n"
+    "Description=llamafleet lab: network sysctl defaults as on a booted Debian host\n"
+    "DefaultDependencies=no\n"
+    "Before=sysinit.target network-pre.target\n"
+    "ConditionPathIsReadWrite=/proc/sys/net/\n"
+    "\n"
+    "[Service]\n"
+    "Type=oneshot\n"
+    "RemainAfterExit=yes\n"
+    "ExecStart=/lib/systemd/systemd-sysctl --prefix=/net/\n"
+    "\n"
+    "[Install]\n"
+    "WantedBy=sysinit.target\n"
+)
+
+
 def provision_host(
     root: Path, host: LabHost, all_hosts: Sequence[LabHost], authorized_key: str, proxy_url: str
 ) -> dict[str, str]:
     """Give a freshly mounted host root its identity; return its SSH public host keys by type.
 
     Identity means: hostname, machine id, SSH host keys, address, /etc/hosts,
-    root's authorized key, and the apt proxy.
+    root's authorized key, and the apt proxy; and the network sysctl defaults (NET_SYSCTL_UNIT).
     """
     etc = root / "etc"
+    units = etc / "systemd" / "system"
+    (units / "sysinit.target.wants").mkdir(parents=True, exist_ok=True)
+    (units / NET_SYSCTL_UNIT).write_text(NET_SYSCTL_UNIT_TEXT, encoding="ascii")
+    wants = units / "sysinit.target.wants" / NET_SYSCTL_UNIT
+    if not wants.is_symlink():
+        wants.symlink_to("../" + NET_SYSCTL_UNIT)
     (etc / "hostname").write_text(host.name + "\n", encoding="ascii")
     (etc / "machine-id").write_text(uuid.uuid4().hex + "\n", encoding="ascii")
     (etc / "hosts").write_text(hosts_file_text(all_hosts), encoding="ascii")

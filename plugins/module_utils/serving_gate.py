@@ -19,7 +19,9 @@ cluster state, ``serving``, ``loading`` or ``down``, with a reason:
   (``systemctl show``), llama-server's ``/health``, and the kernel's view of
   llama-server's connections to the workers (``ss -tinHO``: a link with
   unacknowledged data and no ACK for ``stall_seconds``, seen on two polls in a
-  row, is stalled). It never connects to an rpc-server (one client at a time,
+  row, is stalled; so is a link that has waited that long for the worker's
+  answer while the worker's host, which answered ping before, answers ping no
+  more). It never connects to an rpc-server (one client at a time,
   backlog 1). A canary completion every ``canary_interval`` seconds keeps RPC
   traffic flowing on an idle cluster; one that misses ``canary_deadline``
   while ``/metrics`` shows no progress means the cluster is stuck;
@@ -46,6 +48,7 @@ import json
 import os
 import re
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -76,6 +79,10 @@ MAX_CHUNK_LINE = 4096
 RELAY_READ_SIZE = 64 * 1024
 CLIENT_HEAD_TIMEOUT = 30.0
 SUBPROCESS_TIMEOUT = 5.0
+# Liveness probe of a worker's host (ICMP echo): its timeout, and how often each host is pinged while its
+# link is quiet, to learn whether it answers ping at all (a host that never did is not judged by ping).
+PING_TIMEOUT = 1.0
+PING_BASELINE_INTERVAL = 60.0
 HEALTH_TIMEOUT = 2.0
 METRICS_TIMEOUT = 5.0
 MAX_ANSWER_BYTES = 4 * 1024 * 1024
@@ -596,27 +603,68 @@ def link_stalled(conn: dict[str, Any], stall_seconds: float) -> bool:
     return conn["unacked"] > 0 and conn["lastack_ms"] >= stall_seconds * 1000
 
 
+def awaiting_ms(conn: dict[str, Any]) -> int:
+    """How long the link has waited for the worker's answer to a request the worker acknowledged:
+    nothing unacknowledged and the last data sent after the last data received (the RPC protocol is
+    one request, one answer). 0 when it is not waiting. A worker computing and a worker cut off look
+    the same here; only a liveness probe of its host tells them apart."""
+    if conn["unacked"] > 0 or conn["lastrcv_ms"] <= conn["lastsnd_ms"]:
+        return 0
+    return conn["lastsnd_ms"]
+
+
 def worker_links(conns: list[dict[str, Any]], workers: tuple[Worker, ...] | list[Worker],
-                 stall_seconds: float = DEFAULT_STALL_SECONDS) -> dict[str, dict[str, Any]]:
+                 stall_seconds: float = DEFAULT_STALL_SECONDS,
+                 unreachable: frozenset[str] | set[str] = frozenset()) -> dict[str, dict[str, Any]]:
     """Each worker's link from llama-server, from ``parse_ss`` output.
 
     Only connections whose peer is the worker's address:port count (the orchestrator's own
     rpc-server, if any, has the worker as its local end). ``link`` is "stalled" when any of them
-    has data unacknowledged for ``stall_seconds``, "ok" when one is established, "lost" when none is.
+    has data unacknowledged for ``stall_seconds``, or has waited that long for an answer while the
+    worker's host (named in ``unreachable``) does not answer a liveness probe; "ok" when one is
+    established, "lost" when none is. ``silent_ms``: how long the stalled link has had nothing from
+    the worker (no ACK, or no answer); ``awaiting_ms``: see :func:`awaiting_ms`.
     """
     links = {}
     for worker, name in zip(workers, link_names(workers)):
         key = (normalize_address(worker.address), worker.port)
         mine = [conn for conn in conns if conn["peer"] == key and conn["state"].upper().startswith("ESTAB")]
-        stalled = [conn for conn in mine if link_stalled(conn, stall_seconds)]
-        worst = max(stalled or mine, key=lambda conn: (conn["unacked"], conn["lastack_ms"]), default=None)
+        stalled = [(conn, conn["lastack_ms"]) for conn in mine if link_stalled(conn, stall_seconds)]
+        if name in unreachable:
+            stalled += [(conn, awaiting_ms(conn)) for conn in mine if awaiting_ms(conn) >= stall_seconds * 1000]
+        worst, silent = max(stalled, key=lambda item: (item[1], item[0]["unacked"]), default=(None, 0))
+        if worst is None:
+            worst = max(mine, key=lambda conn: (conn["unacked"], conn["lastack_ms"]), default=None)
         links[name] = {
             "address": worker.address, "port": worker.port,
             "link": "stalled" if stalled else ("ok" if mine else "lost"),
             "unacked": worst["unacked"] if worst else 0, "lastack_ms": worst["lastack_ms"] if worst else None,
             "send_q": worst["send_q"] if worst else 0, "retrans": list(worst["retrans"]) if worst else [0, 0],
+            "silent_ms": silent, "awaiting_ms": max((awaiting_ms(conn) for conn in mine), default=0),
         }
     return links
+
+
+def awaiting_workers(links: dict[str, dict[str, Any]] | None, stall_seconds: float) -> list[str]:
+    """The links that have waited ``stall_seconds`` or more for an answer (their hosts get probed)."""
+    return sorted(name for name, info in (links or {}).items() if info["awaiting_ms"] >= stall_seconds * 1000)
+
+
+# ICMP echo over an unprivileged datagram socket (Linux: the group must be in net.ipv4.ping_group_range, which
+# systemd's defaults open to every group; the kernel sets the identifier and the checksum).
+ICMP_ECHO = {False: (8, 0), True: (128, 129)}  # ipv6 -> (request type, reply type)
+
+
+def echo_request(seq: int, ipv6: bool = False) -> bytes:
+    """An ICMP(v6) echo request for a datagram ICMP socket (identifier and checksum left to the kernel)."""
+    kind, _reply = ICMP_ECHO[ipv6]
+    return bytes((kind, 0, 0, 0, 0, 0, (seq >> 8) & 0xFF, seq & 0xFF)) + b"llamafleet-gate"
+
+
+def is_echo_reply(data: bytes, seq: int, ipv6: bool = False) -> bool:
+    """True when ``data`` (as a datagram ICMP socket returns it, no IP header) is the reply to ``seq``."""
+    _kind, reply = ICMP_ECHO[ipv6]
+    return len(data) >= 8 and data[0] == reply and data[6] == (seq >> 8) & 0xFF and data[7] == seq & 0xFF
 
 
 def count_stalls(previous: dict[str, int], links: dict[str, dict[str, Any]] | None) -> dict[str, int]:
@@ -710,10 +758,13 @@ class Decision:
 
 
 def _stall_reason(host: str, info: dict[str, Any]) -> str:
+    if not info["unacked"]:
+        return ("worker %s (%s:%d) has not answered llama-server's request for %.1f s and its host does not "
+                "answer ping" % (host, info["address"], info["port"], info["silent_ms"] / 1000.0))
     return ("worker %s (%s:%d) stopped acknowledging: %d bytes unsent or unacked (%d segments in flight, "
             "%d retransmitted), no ACK for %.1f s"
             % (host, info["address"], info["port"], info["send_q"], info["unacked"], info["retrans"][1],
-               (info["lastack_ms"] or 0) / 1000.0))
+               info["silent_ms"] / 1000.0))
 
 
 def _restart_allowed(obs: Observation, mem: Memory, cfg: Config) -> bool:
@@ -736,7 +787,7 @@ def decide(obs: Observation, mem: Memory, cfg: Config) -> Decision:
 
     - systemctl gave no answer: nothing changes;
     - the unit is not active or has no MainPID: down;
-    - a worker link stalled on STALL_CONFIRM_POLLS polls in a row: down; restart once no ACK came
+    - a worker link stalled on STALL_CONFIRM_POLLS polls in a row: down; restart once nothing came
       for ``restart_after`` seconds (a link that heals before then serves again without a reload);
     - /health 503: loading; timeout: nothing changes; refused: loading (starting); other: down;
     - /health 200: serving when every worker has an established link; a worker llama-server was
@@ -757,7 +808,7 @@ def decide(obs: Observation, mem: Memory, cfg: Config) -> Decision:
     for host, count in sorted(obs.stall_polls.items()):
         if count >= STALL_CONFIRM_POLLS and obs.links and obs.links.get(host, {}).get("link") == "stalled":
             info = obs.links[host]
-            if (info["lastack_ms"] or 0) >= cfg.restart_after * 1000:
+            if info["silent_ms"] >= cfg.restart_after * 1000:
                 return _fault(obs, mem, cfg, _stall_reason(host, info))
             if sticky:
                 return Decision(DOWN, mem.reason)
@@ -1179,6 +1230,65 @@ async def run_command(argv: list[str], timeout: float = SUBPROCESS_TIMEOUT) -> s
     return out.decode("utf-8", "replace") if proc.returncode == 0 else None
 
 
+async def icmp_echo(address: str, timeout: float = PING_TIMEOUT, seq: int = 1) -> bool | None:
+    """Ping ``address`` once: True on a reply within ``timeout``, False on none (or an ICMP error),
+    None when this process may not open an ICMP datagram socket (see ping_group_range)."""
+    loop = asyncio.get_running_loop()
+    try:
+        family, _type, _proto, _name, sockaddr = (await loop.getaddrinfo(address, None, type=socket.SOCK_DGRAM))[0]
+        ipv6 = family == socket.AF_INET6
+        sock = socket.socket(family, socket.SOCK_DGRAM, socket.IPPROTO_ICMPV6 if ipv6 else socket.IPPROTO_ICMP)
+    except OSError:
+        return None
+    try:
+        sock.setblocking(False)
+        sock.connect(sockaddr)
+        await loop.sock_sendall(sock, echo_request(seq, ipv6))
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            data = await asyncio.wait_for(loop.sock_recv(sock, 2048), deadline - loop.time())
+            if is_echo_reply(data, seq, ipv6):
+                return True
+        return False
+    except (OSError, asyncio.TimeoutError):
+        return False
+    finally:
+        sock.close()
+
+
+class Pinger:
+    """Liveness of the workers' hosts by ICMP echo, trusted only for hosts that have answered before
+    (a host whose firewall drops ping must not look dead while it computes)."""
+
+    def __init__(self) -> None:
+        self.answers: dict[str, str] = {}  # address -> "ok", "no answer" or "unavailable"
+        self.answered: set[str] = set()
+        self.last_baseline = float("-inf")
+        self.warned = False
+        self._seq = 0
+
+    async def ping(self, addresses: list[str]) -> dict[str, bool | None]:
+        """Ping each address at once; remember what answered."""
+        self._seq = (self._seq + 1) % 65536
+        results = await asyncio.gather(*(icmp_echo(address, PING_TIMEOUT, self._seq) for address in addresses))
+        for address, result in zip(addresses, results):
+            self.answers[address] = {True: "ok", False: "no answer", None: "unavailable"}[result]
+            if result:
+                self.answered.add(address)
+        if None in results and not self.warned:
+            self.warned = True
+            log("cannot ping the workers' hosts (no ICMP datagram socket: net.ipv4.ping_group_range leaves out "
+                "this user's group); a worker lost while llama-server waits for its answer is found by the "
+                "canary only")
+        return dict(zip(addresses, results))
+
+    async def unreachable(self, addresses: dict[str, str]) -> set[str]:
+        """The names (name -> address) whose host answered ping before and does not now."""
+        known = {name: address for name, address in addresses.items() if address in self.answered}
+        results = await self.ping(sorted(set(known.values()))) if known else {}
+        return {name for name, address in known.items() if results.get(address) is False}
+
+
 async def http_request(host: str, port: int, method: str, path: str, timeout: float,
                        headers: dict[str, str] | None = None, body: bytes = b"") -> tuple[int, bytes]:
     """A one-shot HTTP/1.1 request (Connection: close) -> (status, body). Raises OSError or TimeoutError."""
@@ -1228,6 +1338,8 @@ class Watchdog:
         self._canary_started = 0.0
         self._canary_done: CanaryOutcome | None = None
         self._errors: set[str] = set()
+        self.pinger = Pinger()
+        self._baseline_task: asyncio.Task | None = None  # type: ignore[type-arg]
 
     def _error(self, key: str, message: str | None) -> None:
         """Log an error once until it clears."""
@@ -1335,7 +1447,7 @@ class Watchdog:
         health = await self.health() if running else None
         conns = await self.connections()
         self.workers = self.workers_of(pid) if running else self.workers
-        self.links = worker_links(conns, self.workers, self.cfg.stall_seconds) if conns is not None else None
+        self.links = await self.observe_links(conns)
         self.stall_polls = count_stalls(self.stall_polls, self.links)
         canary, self._canary_done = self._canary_done, None
         obs = Observation(self.gate.clock(), active, pid, health, self.links, self.stall_polls, canary)
@@ -1351,6 +1463,25 @@ class Watchdog:
         self._maybe_canary(decision.state, pid)
         self.write_state()
         return decision
+
+    async def observe_links(self, conns: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]] | None:
+        """The workers' links; a link that has waited stall_seconds for an answer is stalled when its host,
+        which answered ping before, answers no more. Every PING_BASELINE_INTERVAL the hosts are pinged
+        in the background to learn which answer."""
+        if conns is None:
+            return None
+        links = worker_links(conns, self.workers, self.cfg.stall_seconds)
+        waiting = awaiting_workers(links, self.cfg.stall_seconds)
+        if waiting:
+            addresses = {name: links[name]["address"] for name in waiting}
+            unreachable = await self.pinger.unreachable(addresses)
+            if unreachable:
+                links = worker_links(conns, self.workers, self.cfg.stall_seconds, unreachable)
+        elif time.monotonic() - self.pinger.last_baseline >= PING_BASELINE_INTERVAL:
+            self.pinger.last_baseline = time.monotonic()
+            addresses = sorted({worker.address for worker in self.workers})
+            self._baseline_task = asyncio.ensure_future(self.pinger.ping(addresses))
+        return links
 
     def _maybe_canary(self, state: str, pid: int) -> None:
         """A canary every canary_interval while serving, unless clients' answers already showed the
@@ -1373,7 +1504,9 @@ class Watchdog:
             workers[name] = {"address": worker.address, "port": worker.port,
                              "link": info["link"] if info else "unknown",
                              "unacked": info["unacked"] if info else None,
-                             "lastack_ms": info["lastack_ms"] if info else None}
+                             "lastack_ms": info["lastack_ms"] if info else None,
+                             "awaiting_ms": info["awaiting_ms"] if info else None,
+                             "ping": self.pinger.answers.get(worker.address, "unknown")}
         return {"state": self.gate.state, "reason": self.gate.reason, "since": self.gate.since,
                 "updated": self.gate.clock(), "restarts": self.restarts, "last_action": self.last_action,
                 "workers": workers, "canary": self.canary_state, "counters": dict(self.gate.counters),

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import re
 import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -57,11 +59,12 @@ CFG = Config(listen_port=8080, upstream_port=8081, unit="llamafleet-llama-server
 
 
 def _ss_line(peer: str, *, sendq: int = 0, unacked: int = 0, lastack: int = 120, local: str = "10.77.0.11:41234",
-             state: str = "") -> str:
+             state: str = "", lastsnd: int | None = None) -> str:
+    """A line of ``ss -tinHO``; by default the last data went out 80 ms after the last data came in."""
     extra = " unacked:%d retrans:1/5 backoff:4" % unacked if unacked else ""
     return ("%s0      %-6d %s %s cubic wscale:7,7 rto:3264 rtt:0.31/0.1 ato:40 mss:1448 cwnd:1 bytes_sent:9876 "
             "bytes_acked:4321 lastsnd:%d lastrcv:%d lastack:%d%s rcv_space:14480 minrtt:0.2"
-            % (state, sendq, local, peer, lastack - 80, lastack, lastack, extra))
+            % (state, sendq, local, peer, lastack - 80 if lastsnd is None else lastsnd, lastack, lastack, extra))
 
 
 # ---------------------------------------------------------------------------------------------------------- ss
@@ -129,9 +132,92 @@ def test_worker_links(lines: tuple[str, ...], expected: dict[str, str]) -> None:
 def test_worker_links_details() -> None:
     links = _links(_ss_line("10.77.0.13:50052", sendq=4096, unacked=3, lastack=4300))
     assert links["lab3"] == {"address": "10.77.0.13", "port": 50052, "link": "stalled", "unacked": 3,
-                             "lastack_ms": 4300, "send_q": 4096, "retrans": [1, 5]}
+                             "lastack_ms": 4300, "send_q": 4096, "retrans": [1, 5], "silent_ms": 4300,
+                             "awaiting_ms": 0}
     assert links["lab2"]["lastack_ms"] is None and links["lab2"]["link"] == "lost"
     assert _links(_ss_line("10.77.0.13:50052", unacked=3, lastack=4300), stall=5.0)["lab3"]["link"] == "ok"
+
+
+@pytest.mark.parametrize(("unacked", "lastsnd", "lastrcv", "expected"), [
+    (0, 5000, 9000, 5000),  # request sent 5 s ago, acknowledged, the last answer came before it: waiting
+    (0, 9000, 5000, 0),  # the answer came after the request: idle
+    (0, 5000, 5000, 0),
+    (2, 5000, 9000, 0),  # data unacknowledged: link_stalled's case, not this one
+    (0, 0, 0, 0),  # ss leaves the timers out when they are zero
+])
+def test_awaiting_ms(unacked: int, lastsnd: int, lastrcv: int, expected: int) -> None:
+    conn = {"unacked": unacked, "lastsnd_ms": lastsnd, "lastrcv_ms": lastrcv}
+    assert sg.awaiting_ms(conn) == expected
+
+
+def test_a_waiting_link_is_stalled_only_when_its_host_is_unreachable() -> None:
+    conns = parse_ss("\n".join((_ss_line("10.77.0.12:50052", lastack=9000, lastsnd=6500),
+                                _ss_line("10.77.0.13:50052", lastack=9000, lastsnd=1200))))
+    links = worker_links(conns, LAB, 4.0)
+    assert {host: (info["link"], info["awaiting_ms"]) for host, info in links.items()} == {
+        "lab2": ("ok", 6500), "lab3": ("ok", 1200)}
+    assert sg.awaiting_workers(links, 4.0) == ["lab2"] and sg.awaiting_workers(links, 1.0) == ["lab2", "lab3"]
+    cut = worker_links(conns, LAB, 4.0, unreachable={"lab2", "lab3"})
+    # lab3 has waited 1.2 s only: a worker may compute that long without being lost
+    assert (cut["lab2"]["link"], cut["lab2"]["silent_ms"], cut["lab3"]["link"]) == ("stalled", 6500, "ok")
+    assert sg._stall_reason("lab2", cut["lab2"]) == (
+        "worker lab2 (10.77.0.12:50052) has not answered llama-server's request for 6.5 s and its host does not "
+        "answer ping")
+
+
+@pytest.mark.parametrize("ipv6", [False, True])
+def test_echo_request_and_reply(ipv6: bool) -> None:
+    request = sg.echo_request(0x1234, ipv6)
+    assert request[0] == (128 if ipv6 else 8) and request[6:8] == b"\x12\x34"
+    reply = bytes((129 if ipv6 else 0,)) + request[1:]
+    assert sg.is_echo_reply(reply, 0x1234, ipv6) and not sg.is_echo_reply(reply, 0x1235, ipv6)
+    assert not sg.is_echo_reply(request, 0x1234, ipv6) and not sg.is_echo_reply(reply[:7], 0x1234, ipv6)
+
+
+ECHO_PROGRAM = """
+import asyncio, importlib.util, sys
+spec = importlib.util.spec_from_file_location("gate", sys.argv[1])
+gate = importlib.util.module_from_spec(spec)
+sys.modules["gate"] = gate
+spec.loader.exec_module(gate)
+async def main():
+    return [await gate.icmp_echo("127.0.0.1", 1.0, 7), await gate.icmp_echo("192.0.2.1", 0.3, 8)]
+print(asyncio.run(main()))
+"""
+
+
+@pytest.mark.parametrize(("groups", "expected"), [
+    ("0 2147483647", "[True, False]"),  # systemd's default: every group may ping
+    ("1 0", "[None, None]"),  # the kernel's default: nobody (not even root) gets an ICMP datagram socket
+])
+def test_icmp_echo_on_real_sockets(groups: str, expected: str) -> None:
+    """In a private network namespace with ``ping_group_range`` set: loopback answers, an address of
+    TEST-NET-1 (RFC 5737) never does, and without the permission the probe says it cannot tell."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare for a private network namespace")
+    shell = "ip link set lo up && echo '%s' > /proc/sys/net/ipv4/ping_group_range && exec \"$0\" -c \"$1\" \"$2\""
+    out = subprocess.run(["unshare", "-n", "sh", "-c", shell % groups, sys.executable, ECHO_PROGRAM, sg.__file__],
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    assert out.strip() == expected
+
+
+def test_pinger_judges_only_hosts_that_answered_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = {"10.77.0.12": True, "10.77.0.13": False}
+
+    async def echo(address: str, timeout: float, seq: int) -> bool | None:
+        return answers[address]
+
+    monkeypatch.setattr(sg, "icmp_echo", echo)
+    pinger = sg.Pinger()
+    names = {"lab2": "10.77.0.12", "lab3": "10.77.0.13"}
+    # nothing answered yet: nobody is judged (lab3 may drop ping by policy)
+    assert asyncio.run(pinger.unreachable(names)) == set()
+    asyncio.run(pinger.ping(sorted(names.values())))
+    assert pinger.answers == {"10.77.0.12": "ok", "10.77.0.13": "no answer"} and pinger.answered == {"10.77.0.12"}
+    answers["10.77.0.12"] = False
+    assert asyncio.run(pinger.unreachable(names)) == {"lab2"}
+    answers["10.77.0.12"] = None  # may not ping any more: unknown, not unreachable
+    assert asyncio.run(pinger.unreachable(names)) == set() and pinger.answers["10.77.0.12"] == "unavailable"
 
 
 def test_count_stalls() -> None:
@@ -756,13 +842,11 @@ def test_set_state_logs_and_refuses_unknown_states(capsys: pytest.CaptureFixture
         gate.set_state("broken", "x")
 
 
-def test_watchdog_restarts_on_a_confirmed_stall_and_writes_the_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def _watchdog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ss_text: str) -> tuple[sg.Watchdog, list[int]]:
+    """A watchdog whose llama-server is active and healthy and whose ``ss`` shows ``ss_text``; restarts
+    are recorded, not done."""
     cfg = dataclasses.replace(CFG, state_file=str(tmp_path / "gate-state.json"))
-    gate = Gate(cfg, clock=lambda: 1000.0)
-    dog = sg.Watchdog(gate, cfg)
-    stalled = "\n".join((_ss_line("10.77.0.12:50052"),
-                         _ss_line("10.77.0.13:50052", sendq=4096, unacked=3, lastack=4300)))
+    dog = sg.Watchdog(Gate(cfg, clock=lambda: 1000.0), cfg)
     killed: list[int] = []
 
     async def process() -> tuple[str, int]:
@@ -772,27 +856,64 @@ def test_watchdog_restarts_on_a_confirmed_stall_and_writes_the_state(tmp_path: P
         return 200
 
     async def connections() -> list[dict[str, Any]]:
-        return parse_ss(stalled)
+        return parse_ss(ss_text)
 
     monkeypatch.setattr(dog, "process", process)
     monkeypatch.setattr(dog, "health", health)
     monkeypatch.setattr(dog, "connections", connections)
     monkeypatch.setattr(dog, "restart", killed.append)
     monkeypatch.setattr(dog, "_maybe_canary", lambda state, pid: None)
+    return dog, killed
 
-    async def two_polls() -> list[Decision]:
+
+def _two_polls(dog: sg.Watchdog) -> list[Decision]:
+    async def polls() -> list[Decision]:
         return [await dog.poll(), await dog.poll()]
 
-    first, second = asyncio.run(two_polls())
+    return asyncio.run(polls())
+
+
+def test_watchdog_restarts_on_a_confirmed_stall_and_writes_the_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    stalled = "\n".join((_ss_line("10.77.0.12:50052"),
+                         _ss_line("10.77.0.13:50052", sendq=4096, unacked=3, lastack=4300)))
+    dog, killed = _watchdog(tmp_path, monkeypatch, stalled)
+    first, second = _two_polls(dog)
     assert (first.state, second.state, second.action, killed) == (SERVING, DOWN, "restart", [1234])
     state = json.loads((tmp_path / "gate-state.json").read_text())
     assert (state["state"], state["restarts"], state["since"]) == (DOWN, 1, 1000.0)
     assert state["reason"].startswith("worker lab3 (10.77.0.13:50052) stopped acknowledging: 4096 bytes")
     assert state["workers"]["lab3"] == {"address": "10.77.0.13", "port": 50052, "link": "stalled", "unacked": 3,
-                                        "lastack_ms": 4300}
+                                        "lastack_ms": 4300, "awaiting_ms": 0, "ping": "unknown"}
     assert state["last_action"]["pid"] == 1234
     assert state["counters"] == {"requests": 0, "rejected_503": 0, "aborted": 0}
     assert capsys.readouterr().out.splitlines()[-1] == "llamafleet-gate: serving -> down: " + second.reason
+
+
+@pytest.mark.parametrize(("answered", "state"), [(True, DOWN), (False, SERVING)])
+def test_watchdog_pings_the_host_of_a_link_waiting_for_an_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 answered: bool, state: str) -> None:
+    """The partition that began while llama-server waited for lab3's answer: nothing unacknowledged, so only
+    a ping of lab3 (which answered ping before, or never did) tells a lost worker from a slow one."""
+    waiting = "\n".join((_ss_line("10.77.0.12:50052", lastack=300, lastsnd=900),
+                         _ss_line("10.77.0.13:50052", lastack=40000, lastsnd=35000)))
+    dog, killed = _watchdog(tmp_path, monkeypatch, waiting)
+    pinged: list[str] = []
+
+    async def echo(address: str, timeout: float, seq: int) -> bool:
+        pinged.append(address)
+        return False
+
+    monkeypatch.setattr(sg, "icmp_echo", echo)
+    if answered:
+        dog.pinger.answered.add("10.77.0.13")
+    first, second = _two_polls(dog)
+    assert pinged == (["10.77.0.13", "10.77.0.13"] if answered else [])
+    assert (second.state, killed) == ((DOWN, [1234]) if answered else (SERVING, []))
+    if answered:
+        assert second.reason.startswith("worker lab3 (10.77.0.13:50052) has not answered llama-server's request "
+                                        "for 35.0 s and its host does not answer ping; restarting")
+        assert json.loads((tmp_path / "gate-state.json").read_text())["workers"]["lab3"]["ping"] == "no answer"
 
 
 class StuckLlamaServer(FakeLlamaServer):
