@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -32,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 from llamafleet.bench.measure import stream_completion, sweep  # noqa: E402
 from llamafleet.cluster import Endpoint, read_plan  # noqa: E402
 from llamafleet.fleet import Fleet  # noqa: E402
+from llamafleet.lab.paths import cache_root  # noqa: E402
 
 BIN = Path(sys.executable).parent
 INVENTORY = ROOT / "inventories" / "lab" / "hosts.ini"
@@ -40,7 +42,9 @@ N_PREDICT = 64
 
 def run(*argv: str, timeout: float = 3600) -> None:
     started = time.monotonic()
-    done = subprocess.run(list(argv), cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+    # the lab's cache root (as make exports it), so deploy.yml finds the controller's cached llama.cpp build
+    env = dict(os.environ, LLAMAFLEET_CACHE=str(cache_root()))
+    done = subprocess.run(list(argv), cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False, env=env)
     if done.returncode != 0:
         sys.exit(f"{' '.join(argv)} failed ({done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-2000:]}")
     print(f"    ({' '.join(Path(a).name if a.startswith('/') else a for a in argv[:3])} ... "

@@ -68,7 +68,8 @@ def serving_cell(row: dict[str, Any]) -> str:
 def status_note(row: dict[str, Any]) -> str:
     """The last column: why the cluster does not serve and /health when it adds to that, or why the host could
     not be read; else /health's answer; then the watchdog's restarts, if any."""
-    notes = [row["serving"]] if row.get("serving") and row.get("serving_state") != SERVING else []
+    notes = [row["serving"]] if row.get("serving") and (row.get("serving_state") != SERVING
+                                                        or row.get("degraded_without")) else []
     health = row.get("health")
     # while the gate is loading or down, /health's 503 only repeats its reason
     repeats = row.get("serving_state") in (LOADING, DOWN) and str(health).startswith("HTTP 503")

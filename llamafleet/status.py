@@ -114,8 +114,11 @@ def gate_fields(unit_state: str, found: dict[str, Any]) -> dict[str, Any]:
     age = found["now"] - doc["updated"]
     if age > GATE_STATE_MAX_AGE:
         return dict(fields, serving=f"gate not running (state {age:.0f} s old)")
-    return dict(fields, serving=f"{doc['state']}: {doc['reason']}", serving_state=doc["state"],
-                serving_since=max(0, round(found["now"] - doc["since"])))
+    plan = doc.get("plan") or {}
+    without = plan.get("without") if plan.get("mode") == "degraded" else None
+    mode = f" (degraded, without {without})" if without else ""
+    return dict(fields, serving=f"{doc['state']}{mode}: {doc['reason']}", serving_state=doc["state"],
+                serving_since=max(0, round(found["now"] - doc["since"])), degraded_without=without)
 
 
 def gate_links(orchestrator_row: dict[str, Any] | None) -> dict[str, str] | None:

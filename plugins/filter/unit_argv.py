@@ -10,6 +10,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.llamafleet.cluster.plugins.module_utils.llama_flags import FlagError, render_rpc_server_argv
 from ansible_collections.llamafleet.cluster.plugins.module_utils.systemd_unit import (
     render_gate_unit,
+    render_plan_switch_units,
     render_rpc_guard_unit,
     render_rpc_server_unit,
 )
@@ -61,9 +62,19 @@ def rpc_guard_unit(instances, user, stale, header=""):
         raise AnsibleFilterError("rpc_guard_unit: %s" % exc) from exc
 
 
+def plan_switch_units(header=""):
+    """The units of degraded mode's plan switch: ``{service, path}`` texts (root service, and the path unit
+    that starts it when the serving gate writes its request)."""
+    try:
+        service, path = render_plan_switch_units(header=str(header))
+    except (TypeError, ValueError) as exc:
+        raise AnsibleFilterError("plan_switch_units: %s" % exc) from exc
+    return {"service": service, "path": path}
+
+
 class FilterModule:
     """llamafleet argv and unit filters."""
 
     def filters(self):
         return {"rpc_server_argv": rpc_server_argv, "rpc_server_unit": rpc_server_unit, "gate_unit": gate_unit,
-                "rpc_guard_unit": rpc_guard_unit}
+                "rpc_guard_unit": rpc_guard_unit, "plan_switch_units": plan_switch_units}

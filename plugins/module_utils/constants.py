@@ -90,6 +90,17 @@ LIBEXEC_DIR = "/usr/local/libexec/llamafleet"
 GATE_CONFIG_PATH = CONFIG_DIR + "/gate.json"
 GATE_SCRIPT = LIBEXEC_DIR + "/serving_gate.py"
 RPC_WAIT_HELPER = "/usr/local/libexec/llamafleet-rpc-wait"
+# The RPC HELLO client itself (the gate probes a lost worker with it, ``--timeout S HOST:PORT``).
+RPC_PROBE_SCRIPT = LIBEXEC_DIR + "/rpc_proto.py"
+# Degraded mode (llama_server_degrade): the plans without one worker host, each a drop-in for llama-server's unit
+# (written by the llama_server role, DEGRADED_PLANS_DIR/without-HOST.conf); the gate asks for one (or "full") in
+# PLAN_REQUEST_PATH, and the root switch service (started by its path unit) puts it in place as a runtime
+# drop-in, gone at the next boot or deploy, and restarts llama-server.
+DEGRADED_PLANS_DIR = CONFIG_DIR + "/plans"
+PLAN_REQUEST_PATH = "/run/" + GATE_RUNTIME_DIR + "/plan-request.json"
+PLAN_DROPIN_PATH = "/run/systemd/system/" + LLAMA_SERVER_UNIT + ".d/50-llamafleet-plan.conf"
+PLAN_SWITCH_UNIT = "llamafleet-plan-switch.service"
+PLAN_SWITCH_PATH_UNIT = "llamafleet-plan-switch.path"
 
 # The rpc-server binary (and its CMake target) was renamed over time; newest first.
 RPC_SERVER_BINARIES = ("ggml-rpc-server", "rpc-server", "llama-rpc-server")

@@ -13,13 +13,16 @@ part of the library's ``llamafleet.core`` API.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from typing import Any
 
 from .gguf import GGUFError, model_facts
 from .llama_flags import FlagError, render_llama_server_argv
+from .constants import PLAN_SWITCH_UNIT
+from .serving_gate import degrade_plans, plan_workers
 from .split_plan import PlanError, plan_split
-from .systemd_unit import render_systemd_unit
+from .systemd_unit import render_exec_dropin, render_systemd_unit
 
 UNIT_MODE = 0o644
 
@@ -62,27 +65,68 @@ def write_unit(module: Any, path: str, text: str, result: dict) -> None:
         result["changed"] = module.set_mode_if_different(path, "0644", result["changed"])
 
 
-def _plan(module: Any) -> dict:
+def _facts(module: Any) -> dict:
     params = module.params
     if params["model_facts"] is not None:
-        facts = params["model_facts"]
-    else:
-        try:
-            facts = model_facts(params["model"])
-        except (GGUFError, OSError) as exc:
-            module.fail_json(msg="cannot read model %s: %s" % (", ".join(params["model"]), exc))
+        return params["model_facts"]
     try:
-        return plan_split(
-            params["workers"], params["orchestrator"] or None, facts,
-            ctx_size=params["ctx_size"], n_parallel=params["n_parallel"],
-            cache_type_k=params["cache_type_k"], cache_type_v=params["cache_type_v"],
-            compute_mib=params["compute_mib"], tensor_split=params["tensor_split"] or None,
-            kv_unified=params["kv_unified"], policy=params["policy"], link_rtt_ms=params["link_rtt_ms"],
-        )
+        return model_facts(params["model"])
+    except (GGUFError, OSError) as exc:
+        module.fail_json(msg="cannot read model %s: %s" % (", ".join(params["model"]), exc))
+    raise AssertionError("fail_json returned")  # pragma: no cover
+
+
+def _plan_over(params: dict, facts: dict, workers: list) -> dict:
+    """plan_split over ``workers`` with the module's settings (raises PlanError)."""
+    return plan_split(
+        workers, params["orchestrator"] or None, facts,
+        ctx_size=params["ctx_size"], n_parallel=params["n_parallel"],
+        cache_type_k=params["cache_type_k"], cache_type_v=params["cache_type_v"],
+        compute_mib=params["compute_mib"], tensor_split=params["tensor_split"] or None,
+        kv_unified=params["kv_unified"], policy=params["policy"], link_rtt_ms=params["link_rtt_ms"],
+    )
+
+
+def _plan(module: Any, facts: dict) -> dict:
+    params = module.params
+    try:
+        return _plan_over(params, facts, params["workers"])
     except PlanError as exc:
         host = (params["orchestrator"] or {}).get("host")
         module.fail_json(msg="%s: %s" % (host, exc) if host else str(exc))
     raise AssertionError("fail_json returned")  # pragma: no cover
+
+
+def degraded_plan_name(host: str) -> str:
+    """The name of the plan without worker ``host`` (its drop-in is DEGRADED_PLANS_DIR/NAME.conf)."""
+    return "without-" + re.sub(r"[^A-Za-z0-9_.-]", "_", host)
+
+
+def _degraded(module: Any, facts: dict) -> list[dict]:
+    """For each worker host, the plan over the other workers: ``{without, name, fits, reason, rpc,
+    tensor_split, dropin}`` (``dropin``: llama-server's ExecStartPre and ExecStart for it; a fixed
+    ``tensor_split`` is dropped, the planner splits over what is left)."""
+    params = dict(module.params, tensor_split=None)
+    hosts = list(dict.fromkeys(str(worker.get("host")) for worker in module.params["workers"]))
+    out = []
+    for host in hosts:
+        rest = [worker for worker in module.params["workers"] if str(worker.get("host")) != host]
+        entry = {"without": host, "name": degraded_plan_name(host), "fits": False, "reason": "", "rpc": [],
+                 "tensor_split": None, "dropin": ""}
+        try:
+            plan = _plan_over(params, facts, rest)
+        except PlanError as exc:
+            entry["reason"] = "the model does not fit without %s: %s" % (host, exc)
+            out.append(entry)
+            continue
+        argv, pre, comments = _render_parts(module, plan)
+        comments.insert(0, "degraded plan %s: llama-server without worker %s (llama_server_degrade), put in place "
+                           "by %s at the serving gate's request" % (entry["name"], host, PLAN_SWITCH_UNIT))
+        entry.update(fits=True, reason="fits on the other workers: %s" % _split_comment(plan), rpc=plan["rpc"],
+                     tensor_split=plan["tensor_split"],
+                     dropin=render_exec_dropin(argv, pre, header=module.params["unit_header"], comments=comments))
+        out.append(entry)
+    return out
 
 
 def _split_comment(plan: dict) -> str:
@@ -90,6 +134,28 @@ def _split_comment(plan: dict) -> str:
     if plan["tensor_split"] is None:
         return "split: --rpc %s, policy fit (llama.cpp fits -ngl and -ts at load)" % rpc
     return "split: --rpc %s -ts %s (policy %s)" % (rpc, plan["tensor_split_arg"], plan["policy"])
+
+
+def _render_parts(module: Any, plan: dict) -> tuple[list[str], list[list[str]], list[str]]:
+    """llama-server's argv for ``plan``, its ExecStartPre (the wait for the plan's workers) and the unit's
+    comment lines (fails the module on a flag error)."""
+    params = module.params
+    server = params["server"]
+    unit_opts = params["unit"]
+    pre = [[unit_opts["wait_helper"]] + plan["rpc"]] if unit_opts["wait_helper"] and plan["rpc"] else []
+    comments = ["llama.cpp build %s" % unit_opts["build_id"]] if unit_opts["build_id"] else []
+    comments.append(_split_comment(plan))
+    try:
+        argv = render_llama_server_argv(
+            params["binary"], plan, server_features(params["features"]), params["model"],
+            host=server["host"], port=server["port"], metrics=server["metrics"],
+            api_key_file=server["api_key_file"] or None, chat_template=server["chat_template"] or None,
+            load_mode=server["load_mode"], pin_devices=server["pin_devices"],
+            log_verbosity=server["log_verbosity"], extra_args=server["extra_args"],
+        )
+    except FlagError as exc:
+        module.fail_json(msg=str(exc), plan=plan)
+    return argv, pre, comments
 
 
 def _render(module: Any, plan: dict) -> tuple[list[str], str]:
@@ -100,20 +166,11 @@ def _render(module: Any, plan: dict) -> tuple[list[str], str]:
     read_write = list(unit_opts["read_write_paths"])
     if home and home not in read_write:
         read_write.insert(0, home)
-    pre = [[unit_opts["wait_helper"]] + plan["rpc"]] if unit_opts["wait_helper"] and plan["rpc"] else []
-    comments = ["llama.cpp build %s" % unit_opts["build_id"]] if unit_opts["build_id"] else []
-    comments.append(_split_comment(plan))
+    argv, pre, comments = _render_parts(module, plan)
     environment = dict(unit_opts["environment"])
     if any(d["local"] and d["backend"] == "cuda" for d in plan["devices"]):
         environment.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     try:
-        argv = render_llama_server_argv(
-            params["binary"], plan, server_features(params["features"]), params["model"],
-            host=server["host"], port=server["port"], metrics=server["metrics"],
-            api_key_file=server["api_key_file"] or None, chat_template=server["chat_template"] or None,
-            load_mode=server["load_mode"], pin_devices=server["pin_devices"],
-            log_verbosity=server["log_verbosity"], extra_args=server["extra_args"],
-        )
         unit = render_systemd_unit(
             argv, header=params["unit_header"], description=unit_opts["description"],
             user=unit_opts["user"], group=unit_opts["group"],
@@ -132,8 +189,10 @@ def _render(module: Any, plan: dict) -> tuple[list[str], str]:
 def run_rpc_plan(module: Any) -> dict:
     """Plan, render and write as the module's parameters ask; the result to exit with (fails through ``module``)."""
     params = module.params
-    plan = _plan(module)
-    result = {"changed": False, "plan": plan, "explain": plan["explanation"], "argv": [], "unit": ""}
+    facts = _facts(module)
+    plan = _plan(module, facts)
+    result = {"changed": False, "plan": plan, "explain": plan["explanation"], "argv": [], "unit": "",
+              "gate_workers": plan_workers(plan["devices"]), "degraded": [], "gate_degrade": degrade_plans([])}
     for warning in plan["warnings"]:
         module.warn(warning)
     if not params["binary"]:
@@ -146,6 +205,9 @@ def run_rpc_plan(module: Any) -> dict:
     if not params["model"]:
         module.fail_json(msg="model (the GGUF path on this host) is required to render llama-server", plan=plan)
     result["argv"], result["unit"] = _render(module, plan)
+    if params["degrade"]:
+        result["degraded"] = _degraded(module, facts)
+        result["gate_degrade"] = degrade_plans(result["degraded"])
     if params["unit_path"]:
         write_unit(module, params["unit_path"], result["unit"], result)
     if not module._diff:

@@ -72,6 +72,13 @@ DEFAULT_CANARY_DEADLINE = 60.0
 DEFAULT_RESTART_GRACE = 15.0
 DEFAULT_STATE_FILE = "/run/llamafleet/gate-state.json"
 DEFAULT_MAX_CONNECTIONS = 256
+# Degraded mode: seconds down before the gate serves without a lost worker, seconds between HELLO probes of
+# the workers while it decides (or of the lost one while degraded), answers in a row that bring the full plan back.
+DEFAULT_DEGRADE_AFTER = 45.0
+DEFAULT_DEGRADE_PROBE_INTERVAL = 10.0
+DEFAULT_RETURN_PROBES = 3
+FULL_PLAN = "full"
+_PLAN_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 # Fixed limits.
 MAX_HEAD_BYTES = 64 * 1024
@@ -133,6 +140,22 @@ class Worker:
 
 
 @dataclass(frozen=True)
+class Degrade:
+    """Degraded mode: ``plans`` maps each worker host to the name of the plan without it (None: the model does
+    not fit without it, ``reasons`` says why). After ``after`` seconds down with one worker host not answering
+    HELLO (``probe`` + ``--timeout S HOST:PORT``), the gate writes ``{"plan": NAME}`` to ``request_file``; once
+    the host has answered ``return_probes`` probes in a row, ``{"plan": "full"}``."""
+
+    plans: dict[str, str | None]
+    reasons: dict[str, str]
+    request_file: str
+    probe: tuple[str, ...]
+    after: float = DEFAULT_DEGRADE_AFTER
+    probe_interval: float = DEFAULT_DEGRADE_PROBE_INTERVAL
+    return_probes: int = DEFAULT_RETURN_PROBES
+
+
+@dataclass(frozen=True)
 class Config:
     """The gate's validated configuration (see load_config)."""
 
@@ -155,13 +178,14 @@ class Config:
     restart_grace: float = DEFAULT_RESTART_GRACE
     state_file: str = DEFAULT_STATE_FILE
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    degrade: Degrade | None = None
 
 
 _NUMBER_KEYS = ("deadline", "request_timeout", "stall_seconds", "restart_after", "poll_interval", "canary_interval", "canary_deadline",
                 "restart_grace")
 _OPTIONAL_PATH_KEYS = ("api_key_file", "tls_cert", "tls_key")
 _KNOWN_KEYS = frozenset(("listen_host", "listen_port", "upstream_host", "upstream_port", "unit", "workers",
-                         "state_file", "max_connections") + _NUMBER_KEYS + _OPTIONAL_PATH_KEYS)
+                         "state_file", "max_connections", "degrade") + _NUMBER_KEYS + _OPTIONAL_PATH_KEYS)
 
 
 def _port(raw: dict[str, Any], key: str) -> int:
@@ -180,6 +204,27 @@ def _text(raw: dict[str, Any], key: str, default: str | None) -> str | None:
     return value
 
 
+def plan_workers(devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The gate config's ``workers`` from a split plan's devices: each remote RPC endpoint once, in the
+    plan's order, as {host, address, port} (``[v6]:port`` endpoints unbracketed)."""
+    workers: list[dict[str, Any]] = []
+    for device in devices:
+        endpoint = device.get("endpoint")
+        if device.get("local") or not endpoint or any(w["endpoint"] == endpoint for w in workers):
+            continue
+        address, _sep, port = endpoint.rpartition(":")
+        workers.append({"host": device["host"], "endpoint": endpoint, "address": address.strip("[]"),
+                        "port": int(port)})
+    return workers
+
+
+def degrade_plans(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The gate config's ``degrade`` plans and reasons from rpc_plan's ``degraded`` entries: each worker host ->
+    the name of the plan without it, or None when the model does not fit without it."""
+    return {"plans": {entry["without"]: entry["name"] if entry["fits"] else None for entry in entries},
+            "reasons": {entry["without"]: entry["reason"] for entry in entries}}
+
+
 def _workers(value: Any) -> tuple[Worker, ...]:
     if not isinstance(value, list):
         raise ValueError("gate config: workers must be a list of {host, address, port}, got %r" % (value,))
@@ -196,6 +241,45 @@ def _workers(value: Any) -> tuple[Worker, ...]:
             raise ValueError("gate config: %s.port must be a port number (1-65535), got %r" % (where, port))
         workers.append(Worker(item["host"], normalize_address(item["address"]), port))
     return tuple(workers)
+
+
+def _degrade(value: Any, hosts: list[str]) -> Degrade | None:
+    """``degrade``: null (off) or {plans: {host: name|null}, reasons: {host: text}, request_file, probe: [argv],
+    after, probe_interval, return_probes}; every worker host needs an entry in plans."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError("gate config: degrade must be null or a mapping, got %r" % (value,))
+    unknown = sorted(set(value) - {"plans", "reasons", "request_file", "probe", "after", "probe_interval",
+                                   "return_probes"})
+    if unknown:
+        raise ValueError("gate config: unknown key degrade.%s" % ", degrade.".join(unknown))
+    plans = value.get("plans")
+    if not isinstance(plans, dict) or sorted(plans) != sorted(set(hosts)):
+        raise ValueError("gate config: degrade.plans must name a plan (or null) for each worker host (%s), got %r"
+                         % (", ".join(sorted(set(hosts))), plans))
+    for host, name in plans.items():
+        if name is not None and (not isinstance(name, str) or not _PLAN_NAME.match(name) or name == FULL_PLAN):
+            raise ValueError("gate config: degrade.plans.%s must be a plan file name or null, got %r" % (host, name))
+    reasons = value.get("reasons", {})
+    if not isinstance(reasons, dict) or not all(isinstance(text, str) for text in reasons.values()):
+        raise ValueError("gate config: degrade.reasons must map hosts to text, got %r" % (reasons,))
+    probe = value.get("probe")
+    if not isinstance(probe, list) or not probe or not all(isinstance(word, str) and word for word in probe):
+        raise ValueError("gate config: degrade.probe must be a command (a list of words), got %r" % (probe,))
+    numbers = {}
+    for key in ("after", "probe_interval"):
+        number = value.get(key, getattr(Degrade, key))
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not number > 0:
+            raise ValueError("gate config: degrade.%s must be a number of seconds > 0, got %r" % (key, number))
+        numbers[key] = float(number)
+    return_probes = value.get("return_probes", DEFAULT_RETURN_PROBES)
+    if isinstance(return_probes, bool) or not isinstance(return_probes, int) or return_probes < 1:
+        raise ValueError("gate config: degrade.return_probes must be an integer >= 1, got %r" % (return_probes,))
+    request_file = _text(value, "request_file", None)
+    if request_file is None:
+        raise ValueError("gate config: degrade.request_file is required")
+    return Degrade(dict(plans), dict(reasons), request_file, tuple(probe), return_probes=return_probes, **numbers)
 
 
 def load_config(raw: dict[str, Any]) -> Config:
@@ -222,9 +306,11 @@ def load_config(raw: dict[str, Any]) -> Config:
     if (paths["tls_cert"] is None) != (paths["tls_key"] is None):
         raise ValueError("gate config: tls_cert and tls_key go together (%s is missing)"
                          % ("tls_key" if paths["tls_key"] is None else "tls_cert"))
+    workers = _workers(raw["workers"])
     return Config(
         listen_port=_port(raw, "listen_port"), upstream_port=_port(raw, "upstream_port"),
-        unit=str(_text(raw, "unit", None)), workers=_workers(raw["workers"]),
+        unit=str(_text(raw, "unit", None)), workers=workers,
+        degrade=_degrade(raw.get("degrade"), [worker.host for worker in workers]),
         listen_host=str(_text(raw, "listen_host", DEFAULT_LISTEN_HOST)),
         upstream_host=str(_text(raw, "upstream_host", DEFAULT_UPSTREAM_HOST)),
         state_file=str(_text(raw, "state_file", DEFAULT_STATE_FILE)), max_connections=max_connections,
@@ -674,6 +760,17 @@ def count_stalls(previous: dict[str, int], links: dict[str, dict[str, Any]] | No
     return {host: previous.get(host, 0) + 1 if info["link"] == "stalled" else 0 for host, info in links.items()}
 
 
+def systemctl_show_argv(unit: str) -> list[str]:
+    """The command whose output parse_systemctl_show reads (the gate's watchdog and the guard use it)."""
+    return ["systemctl", "show", "-p", "MainPID", "-p", "ActiveState", unit]
+
+
+# ss commands: the gate reads tcp_info of established links; the guard reads listeners and established peers.
+SS_LINKS = ["ss", "-tinHO", "state", "established"]
+SS_LISTENERS = ["ss", "-ltnH"]
+SS_ESTABLISHED = ["ss", "-tnH", "state", "established"]
+
+
 def parse_systemctl_show(text: str) -> tuple[str, int]:
     """``systemctl show -p MainPID -p ActiveState UNIT`` (``Key=value`` lines) -> (active state, main pid)."""
     values = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
@@ -704,6 +801,30 @@ def made_progress(before: dict[str, float] | None, after: dict[str, float] | Non
     if not common:
         return None
     return any(before[name] != after[name] for name in common)
+
+
+def left_out(configured: tuple[Worker, ...], running: tuple[Worker, ...]) -> str | None:
+    """The worker host a degraded llama-server runs without (its --rpc lacks every endpoint of that host),
+    None when it runs the full plan (or lacks more than one host, which no plan of the gate does)."""
+    missing = sorted({w.host for w in configured} - {w.host for w in running})
+    return missing[0] if len(missing) == 1 else None
+
+
+def degrade_choice(deg: Degrade, answered: dict[str, bool]) -> tuple[str | None, str]:
+    """The plan to ask for when the workers' hosts answered HELLO as in ``answered`` (host -> bool), with the
+    reason to log: one host silent and a plan without it -> that plan; otherwise None and why not ("" when
+    every host answers)."""
+    silent = sorted(host for host, ok in answered.items() if not ok)
+    if not silent:
+        return None, ""
+    if len(silent) > 1:
+        return None, "not serving degraded: %d worker hosts do not answer HELLO (%s), and a degraded plan leaves " \
+                     "out one" % (len(silent), ", ".join(silent))
+    host = silent[0]
+    name = deg.plans.get(host)
+    if name is None:
+        return None, "not serving degraded without %s: %s" % (host, deg.reasons.get(host, "no plan without it"))
+    return name, "worker %s does not answer HELLO: serving degraded without it (plan %s)" % (host, name)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1340,6 +1461,13 @@ class Watchdog:
         self._errors: set[str] = set()
         self.pinger = Pinger()
         self._baseline_task: asyncio.Task | None = None  # type: ignore[type-arg]
+        # degraded mode (cfg.degrade)
+        self.without: str | None = None  # the host the running llama-server leaves out
+        self.not_serving_since: float | None = None
+        self.last_probe = float("-inf")
+        self.returns = 0
+        self.requested: tuple[str, float] | None = None
+        self.plan_reason = ""
 
     def _error(self, key: str, message: str | None) -> None:
         """Log an error once until it clears."""
@@ -1367,7 +1495,7 @@ class Watchdog:
         return {"Authorization": "Bearer %s" % key} if key else {}
 
     async def process(self) -> tuple[str | None, int]:
-        out = await run_command(["systemctl", "show", "-p", "MainPID", "-p", "ActiveState", self.cfg.unit])
+        out = await run_command(systemctl_show_argv(self.cfg.unit))
         self._error("systemctl", None if out is not None else "systemctl show %s gave no answer" % self.cfg.unit)
         return parse_systemctl_show(out) if out is not None else (None, 0)
 
@@ -1383,7 +1511,7 @@ class Watchdog:
             return "refused"
 
     async def connections(self) -> list[dict[str, Any]] | None:
-        out = await run_command(["ss", "-tinHO", "state", "established"])
+        out = await run_command(SS_LINKS)
         self._error("ss", None if out is not None else "ss -tinHO gave no answer: worker links are not checked")
         return parse_ss(out) if out is not None else None
 
@@ -1461,8 +1589,68 @@ class Watchdog:
         else:
             self.gate.set_state(decision.state, decision.reason)
         self._maybe_canary(decision.state, pid)
+        if self.cfg.degrade is not None:
+            await self.degrade(self.cfg.degrade, decision.state, running)
         self.write_state()
         return decision
+
+    async def probe_host(self, deg: Degrade, host: str) -> bool:
+        """True when every rpc-server of ``host`` answers HELLO within 3 s (only asked while llama-server is
+        not connected to it: rpc-server serves one client at a time)."""
+        endpoints = ["%s:%d" % ("[%s]" % w.address if ":" in w.address else w.address, w.port)
+                     for w in self.cfg.workers if w.host == host]
+        return await run_command(list(deg.probe) + ["--timeout", "3"] + endpoints, timeout=3.0 * len(endpoints) + 2) \
+            is not None
+
+    def request_plan(self, deg: Degrade, name: str, reason: str) -> None:
+        """Ask the root switch service for plan ``name`` (or "full")."""
+        now = time.monotonic()
+        if self.requested is not None and self.requested[0] == name and now - self.requested[1] < 120:
+            return
+        self.requested = (name, now)
+        self.plan_reason = reason
+        log(reason)
+        try:
+            write_json_atomic(deg.request_file, {"plan": name, "reason": reason, "at": self.gate.clock()})
+        except OSError as exc:
+            log("cannot write the plan request %s: %s" % (deg.request_file, exc))
+
+    async def degrade(self, deg: Degrade, state: str, running: bool) -> None:
+        """Degraded mode: serve without a worker host that stays silent, and back with it once it answers.
+
+        The hosts are probed only while llama-server is not running (it waits in ExecStartPre, or restarts), so
+        no probe queues behind its connections; the left-out host is probed while degraded (nobody uses it)."""
+        now = time.monotonic()
+        if running:
+            without = left_out(self.cfg.workers, self.workers)
+            if without != self.without:
+                self.returns = 0
+                log("llama-server runs %s" % ("the full plan" if without is None else
+                                              "degraded, without worker %s" % without))
+            self.without = without
+        self.not_serving_since = None if state == SERVING else (self.not_serving_since or now)
+        if now - self.last_probe < deg.probe_interval:
+            return
+        if self.without is None:
+            if running or self.not_serving_since is None or now - self.not_serving_since < deg.after:
+                return
+            self.last_probe = now
+            hosts = sorted({w.host for w in self.cfg.workers})
+            answers = await asyncio.gather(*(self.probe_host(deg, host) for host in hosts))
+            name, reason = degrade_choice(deg, dict(zip(hosts, answers)))
+            if name is not None:
+                self.request_plan(deg, name, reason)
+            else:
+                self._error("degrade", reason or None)
+            return
+        self.last_probe = now
+        if await self.probe_host(deg, self.without):
+            self.returns += 1
+            if self.returns >= deg.return_probes:
+                self.request_plan(deg, FULL_PLAN, "worker %s answers HELLO again (%d probes in a row): restoring the "
+                                  "full plan" % (self.without, self.returns))
+        else:
+            self.returns = 0
 
     async def observe_links(self, conns: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]] | None:
         """The workers' links; a link that has waited stall_seconds for an answer is stalled when its host,
@@ -1507,7 +1695,12 @@ class Watchdog:
                              "lastack_ms": info["lastack_ms"] if info else None,
                              "awaiting_ms": info["awaiting_ms"] if info else None,
                              "ping": self.pinger.answers.get(worker.address, "unknown")}
-        return {"state": self.gate.state, "reason": self.gate.reason, "since": self.gate.since,
+        plan = None
+        if self.cfg.degrade is not None:
+            plan = {"mode": FULL_PLAN if self.without is None else "degraded", "without": self.without,
+                    "reason": self.plan_reason, "requested": self.requested[0] if self.requested else None,
+                    "return_probes": self.returns}
+        return {"state": self.gate.state, "reason": self.gate.reason, "since": self.gate.since, "plan": plan,
                 "updated": self.gate.clock(), "restarts": self.restarts, "last_action": self.last_action,
                 "workers": workers, "canary": self.canary_state, "counters": dict(self.gate.counters),
                 "in_flight": self.gate.in_flight, "health_timeouts": self.health_timeouts}
@@ -1533,13 +1726,17 @@ class Watchdog:
 
 def write_json_atomic(path: str, data: dict[str, Any]) -> None:
     """Write ``data`` as JSON to ``path`` through a temporary file in the same directory and a rename."""
+    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` (mode 0644) through a temporary file in the same directory and a rename."""
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=".gate-state.", dir=directory)
+    handle, temp = tempfile.mkstemp(prefix=".llamafleet.", dir=directory)
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as out:
-            json.dump(data, out, indent=1, sort_keys=True)
-            out.write("\n")
+            out.write(text)
         os.chmod(temp, 0o644)
         os.replace(temp, path)
     except BaseException:
@@ -1628,21 +1825,18 @@ def _guard_log(message: str) -> None:
     sys.stdout.flush()
 
 
-def _main_pid(unit: str) -> int:
-    try:
-        out = subprocess.run(["systemctl", "show", "-p", "MainPID", "-p", "ActiveState", unit], capture_output=True,
-                             text=True, timeout=SUBPROCESS_TIMEOUT, check=False).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return parse_systemctl_show(out)[1]
-
-
-def _ss(argv: list[str]) -> str | None:
+def command_output(argv: list[str]) -> str | None:
+    """stdout of ``argv`` when it exits 0 within SUBPROCESS_TIMEOUT, else None (run_command, blocking)."""
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout if done.returncode == 0 else None
+
+
+def _main_pid(unit: str) -> int:
+    out = command_output(systemctl_show_argv(unit))
+    return parse_systemctl_show(out)[1] if out is not None else 0
 
 
 def guard(servers: dict[int, str], stale: float = DEFAULT_GUARD_STALE, poll: float = DEFAULT_GUARD_POLL,
@@ -1655,7 +1849,7 @@ def guard(servers: dict[int, str], stale: float = DEFAULT_GUARD_STALE, poll: flo
     done = 0
     while rounds is None or done < rounds:
         done += 1
-        listeners, conns = _ss(["ss", "-ltnH"]), _ss(["ss", "-tnH", "state", "established"])
+        listeners, conns = command_output(SS_LISTENERS), command_output(SS_ESTABLISHED)
         if listeners is not None and conns is not None:
             queued, established = parse_listeners(listeners), parse_ss(conns)
             for port, unit in sorted(servers.items()):
@@ -1703,13 +1897,83 @@ def guard_main(argv: list[str]) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# The plan switch (root): puts the plan the gate asks for in place
+
+
+def switch_plan(request: Any, plans_dir: str, current: str | None) -> tuple[str | None, str]:
+    """The drop-in text for ``request`` ({"plan": "full" | NAME}; NAME a file NAME.conf in ``plans_dir``, which
+    only the deploy writes) and what it does; None removes the drop-in. ``current``: the drop-in now.
+    Raises ValueError for a request that names no plan of ``plans_dir``."""
+    if not isinstance(request, dict) or not isinstance(request.get("plan"), str):
+        raise ValueError("the request must be {\"plan\": NAME}, got %r" % (request,))
+    name = request["plan"]
+    if name == FULL_PLAN:
+        return None, "the full plan" + (" (no degraded plan in place)" if current is None else "")
+    if not _PLAN_NAME.match(name):
+        raise ValueError("%r is not a plan name" % name)
+    path = os.path.join(plans_dir, name + ".conf")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read(), "plan %s (%s)" % (name, path)
+    except OSError as exc:
+        raise ValueError("no plan %s: %s" % (name, exc)) from None
+
+
+def switch_main(argv: list[str]) -> int:
+    """``python3 serving_gate.py switch --request FILE --plans DIR --dropin FILE --unit UNIT`` (root)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="llamafleet-plan-switch")
+    for option in ("--request", "--plans", "--dropin", "--unit"):
+        parser.add_argument(option, required=True)
+    args = parser.parse_args(argv)
+    say = "llamafleet-plan-switch: "
+    try:
+        with open(args.request, encoding="utf-8") as handle:
+            request = json.load(handle)
+    except FileNotFoundError:
+        sys.stdout.write(say + "no request (the gate stopped): nothing to do\n")
+        return 0
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(say + "cannot read %s: %s\n" % (args.request, exc))
+        return 1
+    try:
+        with open(args.dropin, encoding="utf-8") as handle:
+            current: str | None = handle.read()
+    except FileNotFoundError:
+        current = None
+    try:
+        text, what = switch_plan(request, args.plans, current)
+    except ValueError as exc:
+        sys.stderr.write(say + "refused: %s\n" % exc)
+        return 1
+    if text == current:
+        sys.stdout.write(say + "%s is already in place\n" % what)
+        return 0
+    if text is None:
+        os.unlink(args.dropin)
+    else:
+        os.makedirs(os.path.dirname(args.dropin), exist_ok=True)
+        write_text_atomic(args.dropin, text)
+    sys.stdout.write(say + "switching llama-server to %s (%s)\n" % (what, request.get("reason", "")))
+    for command in (["systemctl", "daemon-reload"], ["systemctl", "restart", "--no-block", args.unit]):
+        if command_output(command) is None:
+            sys.stderr.write(say + "%s failed\n" % " ".join(command))
+            return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python3 serving_gate.py --config /etc/llamafleet/gate.json`` (or ``guard ...``, see guard_main)."""
+    """``python3 serving_gate.py --config /etc/llamafleet/gate.json`` (or ``guard ...``, see guard_main; or
+    ``switch ...``, see switch_main)."""
     import argparse
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["guard"]:
         return guard_main(argv[1:])
+    if argv[:1] == ["switch"]:
+        return switch_main(argv[1:])
 
     parser = argparse.ArgumentParser(prog="llamafleet-gate", description="llamafleet's serving gate for llama-server")
     parser.add_argument("--config", required=True, help="the gate's JSON configuration")

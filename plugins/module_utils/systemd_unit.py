@@ -35,8 +35,9 @@ from __future__ import annotations
 import re
 from typing import Mapping, Sequence
 
-from .constants import (GATE_CONFIG_PATH, GATE_RUNTIME_DIR, GATE_SCRIPT, LLAMA_SERVER_UNIT, LLAMA_SERVER_USER,
-                        MACOS_UNSUPPORTED, RPC_CACHE_SUBDIR, RPC_FIREWALL_UNIT, RPC_SERVER_HOME, RPC_SERVER_USER)
+from .constants import (DEGRADED_PLANS_DIR, GATE_CONFIG_PATH, GATE_RUNTIME_DIR, GATE_SCRIPT, LLAMA_SERVER_UNIT,
+                        LLAMA_SERVER_USER, MACOS_UNSUPPORTED, PLAN_DROPIN_PATH, PLAN_REQUEST_PATH, PLAN_SWITCH_UNIT,
+                        RPC_CACHE_SUBDIR, RPC_FIREWALL_UNIT, RPC_SERVER_HOME, RPC_SERVER_USER)
 
 # Seconds a live client may wait behind a dead one before the worker's guard restarts rpc-server
 # (serving_gate.DEFAULT_GUARD_STALE; role default rpc_server_guard_stale).
@@ -228,6 +229,42 @@ def render_systemd_unit(argv: Sequence[str], header: str = "", description: str 
         lines.append("LimitMEMLOCK=infinity")
     lines += ["", "[Install]", "WantedBy=%s" % wanted_by, ""]
     return "\n".join(lines)
+
+
+def render_exec_dropin(argv: Sequence[str], exec_start_pre: Sequence[Sequence[str]] = (), header: str = "",
+                       comments: Sequence[str] = ()) -> str:
+    """A drop-in that replaces a service's ``ExecStartPre=`` and ``ExecStart=`` (each reset first), the rest of
+    the unit kept: how a degraded plan runs llama-server with other workers and another split."""
+    lines = [line if line.startswith(("#", ";")) or not line.strip() else "# " + line for line in header.splitlines()]
+    lines += ["# " + " ".join(str(comment).split()) for comment in comments]
+    lines += ["[Service]", "ExecStartPre="]
+    lines += ["ExecStartPre=%s" % systemd_exec(pre) for pre in exec_start_pre]
+    lines += ["ExecStart=", "ExecStart=%s" % systemd_exec(argv), ""]
+    return "\n".join(lines)
+
+
+def render_plan_switch_units(python: str = "/usr/bin/python3", script: str = GATE_SCRIPT,
+                             header: str = "") -> tuple[str, str]:
+    """The root service that puts the plan the gate asks for in place, and the path unit that starts it when
+    the request changes: (service text, path text). The service may write only the runtime drop-in folder
+    and talks to systemd over its private socket (no network)."""
+    head = [line if line.startswith(("#", ";")) or not line.strip() else "# " + line for line in header.splitlines()]
+    argv = [python, script, "switch", "--request", PLAN_REQUEST_PATH, "--plans", DEGRADED_PLANS_DIR,
+            "--dropin", PLAN_DROPIN_PATH, "--unit", LLAMA_SERVER_UNIT]
+    service = head + [
+        "# Puts the llama-server plan the serving gate asks for in place (llama_server_degrade).",
+        "[Unit]", "Description=llamafleet: switch llama-server between its full and degraded plans",
+        "After=%s" % LLAMA_SERVER_UNIT, "", "[Service]", "Type=oneshot", "ExecStart=%s" % systemd_exec(argv),
+        "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "PrivateDevices=yes",
+        "PrivateNetwork=yes", "ProtectKernelTunables=yes", "ProtectKernelModules=yes", "ProtectControlGroups=yes",
+        "RestrictAddressFamilies=AF_UNIX", "RestrictNamespaces=yes", "LockPersonality=yes",
+        "SystemCallArchitectures=native", "CapabilityBoundingSet=",
+        "ReadWritePaths=-/run/systemd/system", "UMask=0022", ""]
+    path = head + [
+        "[Unit]", "Description=llamafleet: watch the serving gate's plan request", "",
+        "[Path]", "PathChanged=%s" % PLAN_REQUEST_PATH, "Unit=%s" % PLAN_SWITCH_UNIT, "",
+        "[Install]", "WantedBy=multi-user.target", ""]
+    return "\n".join(service), "\n".join(path)
 
 
 def render_rpc_server_unit(argv: Sequence[str], backend: str, port: int, user: str = RPC_SERVER_USER,

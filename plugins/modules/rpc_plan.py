@@ -118,6 +118,12 @@ options:
       - Measured round trip to every worker that gives no C(rtt_ms) of its own, ms. Unset, the planner knows no
         round trips and O(policy=balanced) never switches to V(fewest_hops).
     type: float
+  degrade:
+    description:
+      - Also plan, for each worker host, the cluster without it (RV(degraded)), with llama-server's
+        C(ExecStartPre) and C(ExecStart) for that plan as a unit drop-in. Needs O(binary).
+    type: bool
+    default: false
   features:
     description:
       - The build's features, RV(llamafleet.cluster.llamacpp_info#module:features) (or its C(llama_server) part).
@@ -363,6 +369,43 @@ unit:
   description: The rendered unit text; empty without O(binary).
   returned: always
   type: str
+degraded:
+  description:
+    - With O(degrade), one entry per worker host, in O(workers) order. C(fits) false means the model does not
+      fit on the other workers; C(reason) says why, or which split they get.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - without: lab3
+      name: without-lab3
+      fits: true
+      reason: "fits on the other workers: split: --rpc 10.77.0.12:50052 -ts 0,1 (policy balanced)"
+      rpc: [10.77.0.12:50052]
+      tensor_split: [0, 1]
+      dropin: "[Service]\nExecStartPre=\nExecStartPre=/usr/local/libexec/llamafleet-rpc-wait 10.77.0.12:50052\n..."
+gate_degrade:
+  description:
+    - RV(degraded) as the serving gate's configuration takes it (C(degrade) of C(/etc/llamafleet/gate.json)).
+    - C(plans) maps each worker host to the name of the plan without it, or null when the model does not fit
+      without it; C(reasons) says why.
+  returned: always
+  type: dict
+  sample:
+    plans: {lab2: null, lab3: without-lab3}
+    reasons: {lab2: "the model does not fit without lab2: ...", lab3: "fits on the other workers: ..."}
+gate_workers:
+  description:
+    - The remote RPC endpoints of the plan, each once in the plan's order, as the serving gate's configuration
+      takes them (C(workers) of C(/etc/llamafleet/gate.json)).
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - host: lab2
+      endpoint: 10.77.0.12:50052
+      address: 10.77.0.12
+      port: 50052
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -393,6 +436,7 @@ def main() -> None:
             tensor_split=dict(type="list", elements="float"),
             policy=dict(type="str", default=DEFAULT_POLICY, choices=list(POLICIES)),
             link_rtt_ms=dict(type="float"),
+            degrade=dict(type="bool", default=False),
             features=dict(type="dict"),
             binary=dict(type="path"),
             server=dict(

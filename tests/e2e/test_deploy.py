@@ -160,6 +160,10 @@ BAD_INPUT = [
     # a second inventory source gives lab2 alone another archive: preflight names both sources and their hosts
     pytest.param(["-i", str(REPO / "tests" / "e2e" / "mixed_build_lab2.yml")],
                  "archive sha256 " + "1" * 64 + " subdir " + LLAMA_CPP_ARCHIVE_SUBDIR + " on lab2", id="mixed-build"),
+    # an upgrade (another build id: one more CMake argument) of lab1 and lab2 only: lab3 would keep the old build
+    pytest.param(["--limit", "lab1,lab2", "-e", '{"llamacpp_build_cmake_args": ["-DLLAMAFLEET_LIMIT_TEST=1"]}'],
+                 ("lab1, lab2 would switch to llama.cpp build ", "while --limit leaves lab3 of the cluster out"),
+                 id="upgrade-under-limit"),
     # module_utils/fleet_checks.py, the first task of deploy.yml's preflight play
     pytest.param(["-i", str(REPO / "tests" / "e2e" / "two_orchestrators.yml")],
                  "the inventory group llamafleet_orchestrator has 2 hosts (lab1, lab2)", id="two-orchestrators"),

@@ -28,7 +28,7 @@ import pytest
 
 from llamafleet.cluster import Endpoint
 from llamafleet.core import constants
-from tests.helpers import REPO, cli
+from tests.helpers import REPO, cli, playbook
 
 # What the gate promises (role defaults): an error within the deadline, a restart after a lasting stall.
 DEADLINE = 10.0
@@ -288,3 +288,90 @@ def test_worker_disk_full(fleet, endpoint):
     finally:
         fleet.run(empty, [worker])
     assert row["serving_again_s"] is not None
+
+
+def _llama_server_rpc(fleet) -> str:
+    """The --rpc list of the running llama-server (from its command line)."""
+    orch = fleet.orchestrator
+    res = fleet.run(f"tr '\\0' ' ' < /proc/$(systemctl show -p MainPID --value {constants.LLAMA_SERVER_UNIT})/cmdline",
+                    [orch])[orch.name]
+    words = res.stdout.split()
+    return words[words.index("--rpc") + 1] if "--rpc" in words else ""
+
+
+def _wait_for(predicate, timeout: float, step: float = 1.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    return None
+
+
+def test_degraded_mode_serves_without_a_lost_worker_and_restores_the_full_plan(fleet, endpoint):
+    """llama_server_degrade: lab3 powered off; the cluster serves on the other workers (the plan the deploy made
+    without lab3, put in place by the root switch at the gate's request), then, once lab3 is back and answers
+    HELLO, on the full plan again. No human in between."""
+    worker = fleet.workers[-1]
+    orch = fleet.orchestrator
+    endpoint_of_worker = f"{worker.cluster_address}:"
+    degrade = ("-e", "llama_server_degrade=true", "-e", "llama_server_degrade_after=20")
+    try:
+        run = playbook("deploy.yml", *degrade)
+        assert run.rc == 0, run.output[-6000:]
+        plans = fleet.run(f"ls {constants.DEGRADED_PLANS_DIR}; systemctl is-active {constants.PLAN_SWITCH_PATH_UNIT}",
+                          [orch])[orch.name].stdout.split()
+        assert plans == sorted(f"without-{w.name}.conf" for w in fleet.workers) + ["active"], plans
+        endpoint.wait_healthy(timeout=180)
+        assert endpoint_of_worker in _llama_server_rpc(fleet)
+        full_rpc = _llama_server_rpc(fleet)
+        with Load(endpoint) as load:
+            time.sleep(3)
+            fault_at = time.monotonic()
+            cli("lab", "stop", worker.name, timeout=120)
+            degraded = _wait_for(lambda: (gate_state(fleet).get("plan") or {}).get("mode") == "degraded"
+                                 and gate_state(fleet)["state"] == "serving", timeout=240)
+            degraded_at = time.monotonic()
+            assert degraded, gate_state(fleet)
+            serving_degraded = load.serving_since(degraded_at - 5, 60)
+            assert serving_degraded is not None
+            assert endpoint_of_worker not in _llama_server_rpc(fleet)
+            state = gate_state(fleet)
+            assert state["plan"]["without"] == worker.name, state
+            dropin = fleet.run(f"cat {constants.PLAN_DROPIN_PATH}", [orch])[orch.name].stdout
+            assert f"without worker {worker.name}" in dropin
+            status = cli("status", check=False)
+            assert f"degraded, without {worker.name}" in status.stdout, status.stdout
+            cli("lab", "start", worker.name, timeout=300)
+            back_at = time.monotonic()
+            restored = _wait_for(lambda: _llama_server_rpc(fleet) == full_rpc
+                                 and gate_state(fleet)["state"] == "serving", timeout=240, step=2)
+            restored_at = time.monotonic()
+            assert restored, (gate_state(fleet), _llama_server_rpc(fleet))
+            full_again = load.serving_since(restored_at - 2, 60)
+        failed = [o for o in load.outcomes if o.status != 200]
+        for outcome in failed:
+            assert outcome.status == 503 and any(text in outcome.message for text in CLEAR_503), outcome
+        assert max(o.end - o.start for o in load.outcomes) <= DEADLINE + SLACK
+        assert full_again is not None
+        assert fleet.run(f"test ! -e {constants.PLAN_DROPIN_PATH}", [orch])[orch.name].ok
+        journal = fleet.run(f"journalctl -o cat -u {constants.GATE_UNIT} -u {constants.PLAN_SWITCH_UNIT} "
+                            f"--since '-15 min'", [orch])[orch.name].stdout
+        assert f"worker {worker.name} does not answer HELLO: serving degraded without it" in journal, journal[-3000:]
+        assert f"worker {worker.name} answers HELLO again" in journal and "switching llama-server to" in journal
+        row = {"fault": "degraded mode: worker host off, then on",
+               "serving_degraded_after_s": round(degraded_at - fault_at, 1),
+               "full_plan_after_return_s": round(restored_at - back_at, 1),
+               "requests": len(load.outcomes), "lost": len(failed),
+               "slowest_s": round(max(o.end - o.start for o in load.outcomes), 2)}
+        record(dict(row, fast_error_s=None, serving_again_s=row["serving_degraded_after_s"],
+                    fault_lasted_s=row["full_plan_after_return_s"]))
+    finally:
+        if cli("lab", "status", check=False).returncode != 0:
+            cli("lab", "up", "--hosts", "3", timeout=1200)
+        restore = playbook("deploy.yml")
+        assert restore.rc == 0, restore.output[-6000:]
+    gone = fleet.run(f"test ! -e {constants.DEGRADED_PLANS_DIR} && ! systemctl cat {constants.PLAN_SWITCH_PATH_UNIT}",
+                     [orch])[orch.name]
+    assert gone.ok, gone.stdout + gone.stderr

@@ -124,6 +124,17 @@ def test_gate_fields(fixture_text, unit, name, now, expected):
     assert {key: fields[key] for key in expected} == expected
 
 
+def test_gate_fields_of_a_degraded_cluster(fixture_text):
+    doc = json.loads(fixture_text("gate-state_serving_generated.json"))
+    doc["plan"] = {"mode": "degraded", "without": "lab3", "reason": "worker lab3 does not answer HELLO",
+                   "requested": "without-lab3", "return_probes": 0}
+    fields = gate_fields("active", parse_gate_state("1795468280\n" + json.dumps(doc)))
+    assert fields["serving"] == "serving (degraded, without lab3): llama-server is serving"
+    assert fields["degraded_without"] == "lab3"
+    doc["plan"] = dict(doc["plan"], mode="full", without=None)
+    assert gate_fields("active", parse_gate_state("1795468280\n" + json.dumps(doc)))["degraded_without"] is None
+
+
 def test_gate_fields_without_a_state_file():
     fields = gate_fields("inactive", parse_gate_state(f"{NOW}\n"))
     assert fields["serving"] == f"gate not running ({constants.GATE_UNIT} is inactive)"

@@ -360,6 +360,18 @@ RAW = {"listen_port": 8080, "upstream_port": 18080, "unit": "llamafleet-llama-se
        "workers": [{"host": "lab2", "address": "10.77.0.12", "port": 50052}]}
 
 
+def test_plan_workers_lists_each_remote_endpoint_once() -> None:
+    devices = [{"host": "lab2", "endpoint": "10.77.0.12:50052", "local": False},
+               {"host": "lab2", "endpoint": "10.77.0.12:50052", "local": False},  # a second device, same server
+               {"host": "gpu1", "endpoint": "[fd00::7]:50053", "local": False},
+               {"host": "lab1", "endpoint": None, "local": True}]
+    workers = sg.plan_workers(devices)
+    assert workers == [{"host": "lab2", "endpoint": "10.77.0.12:50052", "address": "10.77.0.12", "port": 50052},
+                       {"host": "gpu1", "endpoint": "[fd00::7]:50053", "address": "fd00::7", "port": 50053}]
+    loaded = load_config({"listen_port": 8080, "upstream_port": 18080, "unit": "x.service", "workers": workers})
+    assert loaded.workers == (Worker("lab2", "10.77.0.12", 50052), Worker("gpu1", "fd00::7", 50053))
+
+
 def test_load_config_defaults() -> None:
     cfg = load_config(dict(RAW))
     assert cfg.workers == (Worker("lab2", "10.77.0.12", 50052),)
@@ -1039,3 +1051,129 @@ def test_a_host_with_one_rpc_server_per_device_has_a_link_per_endpoint() -> None
     links = worker_links(conns, workers)
     assert {name: info["link"] for name, info in links.items()} == {"lab3:50052": "ok", "lab3:50053": "stalled",
                                                                     "lab2": "lost"}
+
+
+# ------------------------------------------------------------------------------------------------ degraded mode
+
+DEGRADE = {"plans": {"lab2": None, "lab3": "without-lab3"}, "reasons": {"lab2": "the model does not fit without lab2"},
+           "request_file": "/run/llamafleet-gate/plan-request.json",
+           "probe": ["/usr/bin/python3", "/usr/local/libexec/llamafleet/rpc_proto.py"]}
+TWO = {"listen_port": 8080, "upstream_port": 18080, "unit": "llamafleet-llama-server.service",
+       "workers": [{"host": "lab2", "address": "10.77.0.12", "port": 50052},
+                   {"host": "lab3", "address": "10.77.0.13", "port": 50052}]}
+
+
+def test_degrade_config() -> None:
+    cfg = load_config(dict(TWO, degrade=DEGRADE))
+    assert cfg.degrade == sg.Degrade({"lab2": None, "lab3": "without-lab3"},
+                                     {"lab2": "the model does not fit without lab2"},
+                                     "/run/llamafleet-gate/plan-request.json",
+                                     ("/usr/bin/python3", "/usr/local/libexec/llamafleet/rpc_proto.py"))
+    assert (cfg.degrade.after, cfg.degrade.return_probes) == (45.0, 3)
+    assert load_config(dict(TWO, degrade=None)).degrade is None and load_config(TWO).degrade is None
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"plans": {"lab3": "without-lab3"}}, "degrade.plans must name a plan (or null) for each worker host (lab2, lab3)"),
+    ({"plans": {"lab2": None, "lab3": "../etc/passwd"}}, "degrade.plans.lab3 must be a plan file name"),
+    ({"plans": {"lab2": None, "lab3": "full"}}, "degrade.plans.lab3 must be a plan file name"),
+    ({"probe": []}, "degrade.probe must be a command"),
+    ({"after": 0}, "degrade.after must be a number of seconds > 0"),
+    ({"return_probes": 0}, "degrade.return_probes must be an integer >= 1"),
+    ({"request_file": None}, "degrade.request_file"),
+    ({"surprise": 1}, "unknown key degrade.surprise"),
+])
+def test_degrade_config_errors(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_config(dict(TWO, degrade=dict(DEGRADE, **change)))
+
+
+def test_left_out_and_degrade_choice() -> None:
+    deg = load_config(dict(TWO, degrade=DEGRADE)).degrade
+    assert sg.left_out(LAB, LAB) is None and sg.left_out(LAB, LAB[:1]) == "lab3" and sg.left_out(LAB, ()) is None
+    assert sg.degrade_choice(deg, {"lab2": True, "lab3": True}) == (None, "")
+    assert sg.degrade_choice(deg, {"lab2": True, "lab3": False}) == (
+        "without-lab3", "worker lab3 does not answer HELLO: serving degraded without it (plan without-lab3)")
+    assert sg.degrade_choice(deg, {"lab2": False, "lab3": True}) == (
+        None, "not serving degraded without lab2: the model does not fit without lab2")
+    assert sg.degrade_choice(deg, {"lab2": False, "lab3": False})[1].startswith(
+        "not serving degraded: 2 worker hosts do not answer HELLO (lab2, lab3)")
+
+
+def test_switch_plan_takes_only_plans_the_deploy_wrote(tmp_path: Path) -> None:
+    (tmp_path / "without-lab3.conf").write_text("[Service]\nExecStart=\n")
+    assert sg.switch_plan({"plan": "without-lab3"}, str(tmp_path), None) == (
+        "[Service]\nExecStart=\n", "plan without-lab3 (%s/without-lab3.conf)" % tmp_path)
+    assert sg.switch_plan({"plan": "full"}, str(tmp_path), "x") == (None, "the full plan")
+    for request, message in [({"plan": "without-lab9"}, "no plan without-lab9"), ({"plan": "../x"}, "not a plan name"),
+                             ({}, "must be")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            sg.switch_plan(request, str(tmp_path), None)
+
+
+def test_switch_main_puts_the_drop_in_in_place_and_restarts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plans, request, dropin = tmp_path / "plans", tmp_path / "request.json", tmp_path / "unit.d" / "50-plan.conf"
+    plans.mkdir()
+    (plans / "without-lab3.conf").write_text("[Service]\nExecStart=\nExecStart=/bin/true\n")
+    commands: list[list[str]] = []
+    monkeypatch.setattr(sg, "command_output", lambda argv: commands.append(argv) or "")
+    argv = ["switch", "--request", str(request), "--plans", str(plans), "--dropin", str(dropin), "--unit", "x.service"]
+    assert sg.main(argv) == 0 and not dropin.exists() and commands == []  # no request: nothing
+    request.write_text(json.dumps({"plan": "without-lab3", "reason": "lab3 is gone"}))
+    assert sg.main(argv) == 0 and dropin.read_text() == "[Service]\nExecStart=\nExecStart=/bin/true\n"
+    assert commands == [["systemctl", "daemon-reload"], ["systemctl", "restart", "--no-block", "x.service"]]
+    assert sg.main(argv) == 0 and len(commands) == 2  # already in place: no restart
+    request.write_text(json.dumps({"plan": "full"}))
+    assert sg.main(argv) == 0 and not dropin.exists() and len(commands) == 4
+    request.write_text(json.dumps({"plan": "without-nobody"}))
+    assert sg.main(argv) == 1 and not dropin.exists() and len(commands) == 4
+
+
+def test_watchdog_serves_degraded_and_restores_the_full_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """lab3 is lost: llama-server waits for it (activating); after `after` seconds down the gate probes the
+    hosts, asks for the plan without lab3; llama-server runs without it; once lab3 answers 2 probes in a row,
+    the full plan is asked for."""
+    request = tmp_path / "plan-request.json"
+    deg = dict(DEGRADE, request_file=str(request), after=0.01, probe_interval=0.01, return_probes=2)
+    cfg = dataclasses.replace(load_config(dict(TWO, degrade=deg)), state_file=str(tmp_path / "state.json"))
+    dog = sg.Watchdog(Gate(cfg, clock=lambda: 1000.0), cfg)
+    world = {"active": "activating", "pid": 0, "rpc": LAB, "lab3": False}
+    probed: list[str] = []
+
+    async def process() -> tuple[str, int]:
+        return world["active"], world["pid"]
+
+    async def health() -> int:
+        return 200
+
+    async def connections() -> list[dict[str, Any]]:
+        return parse_ss("\n".join(_ss_line("%s:%d" % (w.address, w.port)) for w in world["rpc"]))
+
+    async def probe_host(deg: sg.Degrade, host: str) -> bool:
+        probed.append(host)
+        return host != "lab3" or bool(world["lab3"])
+
+    for name, fake in (("process", process), ("health", health), ("connections", connections),
+                       ("probe_host", probe_host)):
+        monkeypatch.setattr(dog, name, fake)
+    monkeypatch.setattr(dog, "workers_of", lambda pid: world["rpc"])
+    monkeypatch.setattr(dog, "_maybe_canary", lambda state, pid: None)
+
+    async def polls(count: int) -> None:
+        for _round in range(count):
+            await dog.poll()
+            await asyncio.sleep(0.02)
+
+    asyncio.run(polls(2))
+    assert json.loads(request.read_text())["plan"] == "without-lab3" and sorted(set(probed)) == ["lab2", "lab3"]
+    # the switch restarted llama-server without lab3: it serves, the gate probes lab3 alone
+    world.update(active="active", pid=4321, rpc=LAB[:1])
+    probed.clear()
+    asyncio.run(polls(2))
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["state"] == SERVING and state["plan"]["mode"] == "degraded" and state["plan"]["without"] == "lab3"
+    assert set(probed) == {"lab3"} and json.loads(request.read_text())["plan"] == "without-lab3"
+    world["lab3"] = True
+    asyncio.run(polls(2))
+    assert json.loads(request.read_text())["plan"] == "full"
+    assert dog.snapshot()["plan"]["requested"] == "full"

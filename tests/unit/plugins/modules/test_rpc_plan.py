@@ -299,3 +299,44 @@ def test_split_cache_too_small_per_slot_fails(capsys: pytest.CaptureFixture[str]
     rc, result = run_module(args(ctx_size=1024, n_parallel=8, kv_unified=False), capsys)
     assert rc == 1
     assert "llama_server_parallel" in result["msg"] and "llama_server_ctx_size" in result["msg"]
+
+
+def test_degrade_plans_the_cluster_without_each_worker_host(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, result = run_module(render_args(tmp_path / "llama.service", degrade=True), capsys)
+    assert rc == 0
+    without = {entry["without"]: entry for entry in result["degraded"]}
+    assert list(without) == ["lab2", "lab3"] and all(entry["fits"] for entry in without.values())
+    lab3 = without["lab3"]
+    assert lab3["name"] == "without-lab3" and lab3["rpc"] == ["10.77.0.12:50052"]
+    dropin = lab3["dropin"].splitlines()
+    # the full unit's ExecStartPre and ExecStart are reset, then replaced by the plan over lab2 alone
+    service = dropin.index("[Service]")
+    assert dropin[service + 1:service + 4] == [
+        "ExecStartPre=", "ExecStartPre=/usr/local/libexec/llamafleet-rpc-wait \\", "    10.77.0.12:50052"]
+    start = "\n".join(dropin[dropin.index("ExecStart="):])
+    assert "--rpc 10.77.0.12:50052" in start and "10.77.0.13" not in start
+    assert dropin[0] == "#" and any("without worker lab3" in line for line in dropin)
+    # without degrade: nothing planned
+    rc, result = run_module(render_args(tmp_path / "llama.service"), capsys)
+    assert result["degraded"] == []
+
+
+def test_degrade_reports_a_plan_that_does_not_fit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # lab2 and lab3 hold the model only together; the orchestrator has no device of its own
+    small = [dict(worker, devices=[cpu(260)]) for worker in WORKERS]
+    rc, result = run_module(render_args(tmp_path / "llama.service", degrade=True, workers=small, ctx_size=512,
+                                        n_parallel=1), capsys)
+    assert rc == 0, result
+    assert [entry["fits"] for entry in result["degraded"]] == [False, False]
+    assert result["degraded"][0]["reason"].startswith("the model does not fit without lab2: ")
+    assert result["degraded"][0]["dropin"] == ""
+
+
+def test_gate_degrade_names_each_plan_or_none(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, result = run_module(render_args(tmp_path / "llama.service", degrade=True), capsys)
+    assert result["gate_degrade"]["plans"] == {"lab2": "without-lab2", "lab3": "without-lab3"}
+    small = [dict(worker, devices=[cpu(260)]) for worker in WORKERS]
+    rc, result = run_module(render_args(tmp_path / "llama.service", degrade=True, workers=small, ctx_size=512,
+                                        n_parallel=1), capsys)
+    assert result["gate_degrade"]["plans"] == {"lab2": None, "lab3": None}
+    assert result["gate_degrade"]["reasons"]["lab3"].startswith("the model does not fit without lab3")
