@@ -253,8 +253,10 @@ def render_plan_switch_units(python: str = "/usr/bin/python3", script: str = GAT
             "--dropin", PLAN_DROPIN_PATH, "--unit", LLAMA_SERVER_UNIT]
     service = head + [
         "# Puts the llama-server plan the serving gate asks for in place (llama_server_degrade).",
+        # no ordering against llama-server: its start job may wait for a lost worker, and an ordered start job
+        # of the switch would wait behind it
         "[Unit]", "Description=llamafleet: switch llama-server between its full and degraded plans",
-        "After=%s" % LLAMA_SERVER_UNIT, "", "[Service]", "Type=oneshot", "ExecStart=%s" % systemd_exec(argv),
+        "", "[Service]", "Type=oneshot", "ExecStart=%s" % systemd_exec(argv),
         "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "PrivateDevices=yes",
         "PrivateNetwork=yes", "ProtectKernelTunables=yes", "ProtectKernelModules=yes", "ProtectControlGroups=yes",
         "RestrictAddressFamilies=AF_UNIX", "RestrictNamespaces=yes", "LockPersonality=yes",

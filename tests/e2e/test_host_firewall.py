@@ -166,3 +166,53 @@ def test_rpc_allowlist_holds_with_firewalld(deployed, fleet, hosts):
     assert recorded(fleet, fwd) == []
     assert refused(fleet, plain, fwd.cluster_address, port)
     Endpoint.of(fleet).wait_healthy(timeout=120)
+
+
+UFW_PURGE = ("ufw --force disable >/dev/null 2>&1; DEBIAN_FRONTEND=noninteractive apt-get purge -y -q ufw >/dev/null; "
+             "rm -rf /etc/ufw; true")
+
+
+def ufw_rules(fleet, host) -> list[str]:
+    """Our rules in ``ufw status`` (the lines with the role's comment), blanks squeezed."""
+    lines = sh(fleet, host, "ufw status").splitlines()
+    return [" ".join(line.split()) for line in lines if constants.HOST_FIREWALL_COMMENT in line]
+
+
+def test_rpc_allowlist_holds_with_ufw(deployed, fleet, hosts):
+    """The same with ufw (Debian 12: 0.36, iptables-nft) active on the last worker, incoming denied by default."""
+    orch, plain, host = hosts
+    port = constants.RPC_SERVER_PORT
+    try:
+        install = "DEBIAN_FRONTEND=noninteractive apt-get install -y -q ufw >/dev/null"
+        fleet.run(UFW_PURGE, [host], timeout=600)
+        # ssh first, so the lab keeps its way in; then deny everything else
+        sh(fleet, host, f"({install} || (apt-get update -q >/dev/null && {install})) && ufw allow 22/tcp >/dev/null "
+                        "&& ufw default deny incoming >/dev/null && ufw --force enable && ufw status", timeout=600)
+        assert refused(fleet, orch, host.cluster_address, port), "ufw's default deny let the orchestrator in"
+        facts = module(host, "host_firewall_facts", {})
+        assert (facts["manager"], facts["problem"]) == ("ufw", None), facts
+
+        run = playbook("deploy.yml")
+        assert run.rc == 0, run.output[-6000:]
+        assert "host firewall manager for the rpc-server ports: ufw" in run.output, run.output[-6000:]
+        rules = ufw_rules(fleet, host)
+        assert len(rules) == 1 and orch.cluster_address in rules[0] and f"{host.cluster_address} {port}/tcp" in rules[0], \
+            rules
+        assert [(r["manager"], r["client"]) for r in recorded(fleet, host)] == [("ufw", orch.cluster_address)]
+        again = module(host, "host_firewall", {"clients": [orch.cluster_address], "ports": [port],
+                                               "address": host.cluster_address})
+        assert (again["changed"], again["added"], again["removed"]) == (False, [], []), again
+        # only the orchestrator: a second lab host is refused, the orchestrator loads over RPC
+        assert refused(fleet, plain, host.cluster_address, port), f"{plain.name} reached {host.name}'s rpc-server"
+        serves_after_restart(fleet)
+        # ufw opened to everyone: our table's reject still holds
+        sh(fleet, host, "ufw default allow incoming >/dev/null && ufw reload >/dev/null")
+        assert refused(fleet, plain, host.cluster_address, port), "ufw's default allow let lab2 reach the rpc-server"
+        assert not refused(fleet, plain, host.cluster_address, 22), f"{plain.name} cannot reach {host.name}'s ssh"
+    finally:
+        fleet.run(UFW_PURGE, [host], timeout=600)
+        restore = playbook("deploy.yml")
+        assert restore.rc == 0, restore.output[-6000:]
+    assert recorded(fleet, host) == []
+    assert refused(fleet, plain, host.cluster_address, port)
+    Endpoint.of(fleet).wait_healthy(timeout=120)

@@ -376,3 +376,37 @@ def test_rpc_guard_unit_watches_every_rpc_server_of_the_host() -> None:
     assert not [node for nodes in NODES.values() for node in nodes if reachable(unit, node)]
     with pytest.raises(UnitError, match="at least one rpc-server"):
         render_rpc_guard_unit({})
+
+
+# --- degraded mode's plan switch ----------------------------------------------------------------------------
+
+def test_plan_switch_units() -> None:
+    from ansible_collections.llamafleet.cluster.plugins.module_utils import constants
+    from ansible_collections.llamafleet.cluster.plugins.module_utils.systemd_unit import render_plan_switch_units
+
+    service, path = render_plan_switch_units(header="# managed")
+    found = directives(service)
+    assert ("Service", "Type", "oneshot") in found
+    # writes only the runtime drop-ins, talks to systemd over its private socket, no network
+    assert ("Service", "ReadWritePaths", "-/run/systemd/system") in found
+    assert ("Service", "PrivateNetwork", "yes") in found and ("Service", "RestrictAddressFamilies", "AF_UNIX") in found
+    # not ordered after llama-server: its start job may wait for a lost worker, and the switch's job would wait
+    assert not [value for section, key, value in found if key in ("After", "Requires", "BindsTo")]
+    (start,) = [value for section, key, value in found if key == "ExecStart"]
+    assert start.split() == ["/usr/bin/python3", constants.GATE_SCRIPT, "switch", "--request",
+                             constants.PLAN_REQUEST_PATH, "--plans", constants.DEGRADED_PLANS_DIR, "--dropin",
+                             constants.PLAN_DROPIN_PATH, "--unit", LLAMA_SERVER_UNIT]
+    assert ("Path", "PathChanged", constants.PLAN_REQUEST_PATH) in directives(path)
+    assert ("Path", "Unit", constants.PLAN_SWITCH_UNIT) in directives(path)
+    assert service.startswith("# managed\n") and path.startswith("# managed\n")
+
+
+def test_exec_dropin_resets_then_replaces_the_start_commands() -> None:
+    from ansible_collections.llamafleet.cluster.plugins.module_utils.systemd_unit import render_exec_dropin
+
+    text = render_exec_dropin(["/opt/llama-server", "--rpc", "10.0.0.2:50052"], [["/usr/bin/wait", "10.0.0.2:50052"]],
+                              comments=["degraded"])
+    assert [(key, " ".join(value.split())) for section, key, value in directives(text)] == [
+        ("ExecStartPre", ""), ("ExecStartPre", "/usr/bin/wait 10.0.0.2:50052"), ("ExecStart", ""),
+        ("ExecStart", "/opt/llama-server --rpc 10.0.0.2:50052")]
+    assert text.startswith("# degraded\n[Service]\n")
