@@ -116,6 +116,12 @@ def record(row: dict) -> None:
     rows = json.loads(RESULTS.read_text()) if RESULTS.is_file() else []
     rows = [r for r in rows if r["fault"] != row["fault"]] + [row]
     RESULTS.write_text(json.dumps(rows, indent=1) + "\n")
+    if "serving_degraded_after_s" in row:
+        print(f"\n{row['fault']}: fast error after {row['fast_error_s']} s, serving degraded "
+              f"{row['serving_degraded_after_s']} s after the host went off, full plan again "
+              f"{row['full_plan_after_return_s']} s after it was started, {row['lost']} of {row['requests']} "
+              f"requests answered 503, slowest {row['slowest_s']} s")
+        return
     print(f"\n{row['fault']}: fast error after {row['fast_error_s']} s, serving again {row['serving_again_s']} s "
           f"after the fault ended ({row['fault_lasted_s']} s), {row['lost']} of {row['requests']} requests lost, "
           f"slowest {row['slowest_s']} s")
@@ -206,11 +212,9 @@ def _partition_rules(orch_address: str) -> str:
             f"nft add rule inet lf_fault output ip daddr {orch_address} drop")
 
 
-# Four minutes with its deploy, so it runs when asked (make partition-test). Its one failure (a request hung 60 s)
-# was a partition that began while llama-server waited for the worker's answer; the gate now pings the host of a
-# waiting link, and test_worker_frozen_while_llama_server_waits_for_it makes that shape on purpose in make test.
-@pytest.mark.skipif(os.environ.get("LLAMAFLEET_PARTITION_TEST") != "1",
-                    reason="4 minutes: run with LLAMAFLEET_PARTITION_TEST=1 (make partition-test)")
+# One early run hung 60 s: the partition began while llama-server waited for the worker's answer, with nothing
+# unacknowledged; the gate now pings the host of a waiting link (test_worker_frozen_while_llama_server_waits_for_it
+# makes that shape on purpose). make partition-test runs this case alone.
 def test_worker_silently_partitioned_for_two_minutes(fleet, endpoint):
     """Drop rules on the worker, both ways, no reset: llama-server blocks, the gate answers 503 within its
     deadline, restarts llama-server after 30 s; when the partition ends, the worker's guard frees rpc-server
@@ -360,13 +364,12 @@ def test_degraded_mode_serves_without_a_lost_worker_and_restores_the_full_plan(f
                             f"--since '-15 min'", [orch])[orch.name].stdout
         assert f"worker {worker.name} does not answer HELLO: serving degraded without it" in journal, journal[-3000:]
         assert f"worker {worker.name} answers HELLO again" in journal and "switching llama-server to" in journal
-        row = {"fault": "degraded mode: worker host off, then on",
-               "serving_degraded_after_s": round(degraded_at - fault_at, 1),
-               "full_plan_after_return_s": round(restored_at - back_at, 1),
-               "requests": len(load.outcomes), "lost": len(failed),
-               "slowest_s": round(max(o.end - o.start for o in load.outcomes), 2)}
-        record(dict(row, fast_error_s=None, serving_again_s=row["serving_degraded_after_s"],
-                    fault_lasted_s=row["full_plan_after_return_s"]))
+        record({"fault": "degraded mode: worker host off, then on",
+                "fast_error_s": round(min(o.end for o in failed) - fault_at, 2) if failed else None,
+                "serving_degraded_after_s": round(degraded_at - fault_at, 1),
+                "full_plan_after_return_s": round(restored_at - back_at, 1),
+                "requests": len(load.outcomes), "lost": len(failed),
+                "slowest_s": round(max(o.end - o.start for o in load.outcomes), 2)})
     finally:
         if cli("lab", "status", check=False).returncode != 0:
             cli("lab", "up", "--hosts", "3", timeout=1200)
