@@ -371,12 +371,12 @@ def apt_proxy_text(proxy_url: str) -> str:
 
 
 # systemd-sysctl.service is skipped in a container (ConditionPathIsReadWrite=/proc/sys/), but nspawn leaves the
-# container's own /proc/sys/net writable: this unit applies the network part of the sysctl defaults a real
-# Debian host gets at boot (systemd's 50-default.conf: ping_group_range, rp_filter, ...).
+# container's own /proc/sys/net writable: this unit applies the network settings of sysctl.d at boot as a real
+# host does (e.g. the gate's ping permission the llama_server role writes, after `lab stop|start`).
 NET_SYSCTL_UNIT = "llamafleet-lab-net-sysctl.service"
 NET_SYSCTL_UNIT_TEXT = (
     "[Unit]\n"
-    "Description=llamafleet lab: network sysctl defaults as on a booted Debian host\n"
+    "Description=llamafleet lab: network sysctl settings as on a booted Debian host\n"
     "DefaultDependencies=no\n"
     "Before=sysinit.target network-pre.target\n"
     "ConditionPathIsReadWrite=/proc/sys/net/\n"

@@ -12,6 +12,8 @@
 - ``fleet_groups_problem``, ``rpc_endpoint_clash``, ``bind_address_problem``: the inventory's shape, endpoints
   two hosts share, an address the host does not have -> the error, or ``""`` (module_utils/fleet_checks.py).
 
+- ``gate_ping_group_range``: the current ``net.ipv4.ping_group_range`` and the gate's group id -> ``{value, note}``.
+
 (``rpc_server_argv`` and ``rpc_server_unit`` live in unit_argv.py.)
 """
 
@@ -34,7 +36,18 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.rpc_workers imp
     rpc_server_endpoints,
     rpc_server_instances,
 )
+from ansible_collections.llamafleet.cluster.plugins.module_utils.serving_gate import ping_group_range
 from ansible_collections.llamafleet.cluster.plugins.module_utils.split_plan import PlanError, elect_orchestrator
+
+
+def llamafleet_gate_ping_group_range(current, gid):
+    """``{value, note}``: the ping_group_range that lets the gate's group ``gid`` ping (``value`` "" when it is to
+    stay as it is), see serving_gate.ping_group_range."""
+    try:
+        value, note = ping_group_range(str(current), int(gid))
+    except (TypeError, ValueError) as exc:
+        raise AnsibleFilterError("gate_ping_group_range: %s" % exc) from exc
+    return {"value": value or "", "note": note}
 
 
 def llamafleet_elect_orchestrator(hosts, pinned=None):
@@ -112,6 +125,7 @@ class FilterModule:
 
     def filters(self):
         return {
+            "gate_ping_group_range": llamafleet_gate_ping_group_range,
             "elect_orchestrator": llamafleet_elect_orchestrator,
             "rpc_server_instances": llamafleet_rpc_server_instances,
             "rpc_server_instances_problem": llamafleet_rpc_server_instances_problem,

@@ -1378,6 +1378,24 @@ async def icmp_echo(address: str, timeout: float = PING_TIMEOUT, seq: int = 1) -
         sock.close()
 
 
+def ping_group_range(current: str, gid: int) -> tuple[str | None, str]:
+    """``net.ipv4.ping_group_range`` that lets group ``gid`` open ICMP datagram sockets (the gate's ping), from
+    the ``current`` "LOW HIGH": (None, why) when it already does or may not be changed safely, else (the value,
+    what it does). Only an empty range (the kernel's "1 0", Debian 12's default) is changed, to the one group:
+    widening a range someone set would let other groups in."""
+    try:
+        low, high = (int(word) for word in current.split())
+    except ValueError:
+        return None, "cannot read net.ipv4.ping_group_range %r" % current
+    if low <= gid <= high:
+        return None, "net.ipv4.ping_group_range %d-%d already lets group %d ping" % (low, high, gid)
+    if low > high:
+        return "%d %d" % (gid, gid), "net.ipv4.ping_group_range set to group %d alone (it was empty)" % gid
+    return None, ("net.ipv4.ping_group_range %d-%d leaves out group %d and was set by someone: left as it is, so the "
+                  "gate cannot ping the workers' hosts (a worker lost while llama-server waits for its answer is "
+                  "found by the canary only)" % (low, high, gid))
+
+
 class Pinger:
     """Liveness of the workers' hosts by ICMP echo, trusted only for hosts that have answered before
     (a host whose firewall drops ping must not look dead while it computes)."""

@@ -201,6 +201,18 @@ def test_icmp_echo_on_real_sockets(groups: str, expected: str) -> None:
     assert out.strip() == expected
 
 
+@pytest.mark.parametrize(("current", "value", "note"), [
+    ("1\t0\n", "999 999", "set to group 999 alone (it was empty)"),  # the kernel's default, Debian 12's
+    ("0 2147483647", None, "0-2147483647 already lets group 999 ping"),  # systemd's default (Ubuntu, Fedora)
+    ("999 999", None, "already lets group 999 ping"),  # our own setting, on the second deploy
+    ("100 200", None, "leaves out group 999 and was set by someone"),  # never widened
+    ("garbage", None, "cannot read"),
+])
+def test_ping_group_range(current: str, value: str | None, note: str) -> None:
+    got_value, got_note = sg.ping_group_range(current, 999)
+    assert got_value == value and note in got_note
+
+
 def test_pinger_judges_only_hosts_that_answered_before(monkeypatch: pytest.MonkeyPatch) -> None:
     answers = {"10.77.0.12": True, "10.77.0.13": False}
 
