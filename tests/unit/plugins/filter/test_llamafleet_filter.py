@@ -25,7 +25,15 @@ def test_the_filters() -> None:
     assert set(FILTERS) == {"elect_orchestrator", "rpc_server_instances", "rpc_server_endpoints",
                             "llamacpp_build_identity", "llamacpp_cluster_source_mismatch",
                             "rpc_server_instances_problem", "fleet_groups_problem", "rpc_endpoint_clash",
-                            "bind_address_problem"}
+                            "bind_address_problem", "gate_ping_group_range"}
+
+
+def test_gate_ping_group_range() -> None:
+    assert FILTERS["gate_ping_group_range"]("1\t0\n", "997") == {
+        "value": "997 997", "note": "net.ipv4.ping_group_range set to group 997 alone (it was empty)"}
+    assert FILTERS["gate_ping_group_range"]("997 997", 997)["value"] == ""
+    with pytest.raises(AnsibleFilterError, match="gate_ping_group_range"):
+        FILTERS["gate_ping_group_range"]("1 0", "not a gid")
 
 
 def test_elect_orchestrator() -> None:
