@@ -90,8 +90,15 @@ def bridge_state() -> tuple[bool, list[str]]:
     return True, addrs
 
 
+# The bridge's own MAC address, fixed. A Linux bridge otherwise takes the lowest MAC of its ports, so a host's
+# veth leaving (``lab stop``) can change it: the other hosts' ARP entries for 10.77.0.1 then point at the old
+# address and their answers to the controller are lost until those entries go stale (about 30 s), which looked
+# like a 52 s hang of a client request in the power-off fault test. Locally administered ("02:"), "lf".
+BRIDGE_MAC = "02:6c:66:00:00:01"
+
+
 def ensure_bridge() -> bool:
-    """Make ``lfbr0`` a bridge carrying exactly 10.77.0.1/24, up.  Returns True if it was created."""
+    """Make ``lfbr0`` a bridge carrying exactly 10.77.0.1/24 and BRIDGE_MAC, up.  Returns True if it was created."""
     wanted = f"{GATEWAY}/{SUBNET.prefixlen}"
     created = False
     if link_exists(BRIDGE):
@@ -107,6 +114,7 @@ def ensure_bridge() -> bool:
         run(["ip", "addr", "del", stray, "dev", BRIDGE], what=f"removing stray address {stray} from {BRIDGE}")
     if wanted not in addrs:
         run(["ip", "addr", "add", wanted, "dev", BRIDGE], what=f"addressing {BRIDGE}")
+    run(["ip", "link", "set", BRIDGE, "address", BRIDGE_MAC], what=f"fixing {BRIDGE}'s MAC address")
     run(["ip", "link", "set", BRIDGE, "up"], what=f"bringing {BRIDGE} up")
     return created
 

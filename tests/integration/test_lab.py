@@ -162,6 +162,16 @@ def test_hosts_reach_each_other_by_address(lab: str) -> None:
         assert ssh(name, ["python3", "-c", probe, *others]).stdout.strip() == "ok"
 
 
+def test_bridge_has_its_own_fixed_mac(lab: str) -> None:
+    """Set, not inherited from a port: a host leaving the bridge must not change the address the others reach
+    the controller at (see llamafleet.lab.net.BRIDGE_MAC)."""
+    from llamafleet.lab.net import BRIDGE, BRIDGE_MAC
+
+    sysfs = Path("/sys/class/net") / BRIDGE
+    assert (sysfs / "address").read_text().strip() == BRIDGE_MAC
+    assert (sysfs / "addr_assign_type").read_text().strip() == "3"  # NET_ADDR_SET
+
+
 def test_mirror_serves_ranges_to_hosts(lab: str) -> None:
     model = MODEL.path(PATHS.root)
     with open(model, "rb") as handle:
