@@ -203,7 +203,7 @@ def test_icmp_echo_on_real_sockets(groups: str, expected: str) -> None:
 
 @pytest.mark.parametrize(("current", "value", "note"), [
     ("1\t0\n", "999 999", "set to group 999 alone (it was empty)"),  # the kernel's default, Debian 12's
-    ("0 2147483647", None, "0-2147483647 already lets group 999 ping"),  # systemd's default (Ubuntu, Fedora)
+    ("0 2147483647", None, "0-2147483647 already lets group 999 ping"),  # systemd's upstream default
     ("999 999", None, "already lets group 999 ping"),  # our own setting, on the second deploy
     ("100 200", None, "leaves out group 999 and was set by someone"),  # never widened
     ("garbage", None, "cannot read"),
