@@ -204,6 +204,25 @@ def _text(raw: dict[str, Any], key: str, default: str | None) -> str | None:
     return value
 
 
+def _seconds(raw: dict[str, Any], keys: tuple[str, ...], defaults: type, prefix: str = "") -> dict[str, float]:
+    """``keys`` of ``raw`` as seconds > 0 (missing: the dataclass ``defaults``' own value)."""
+    numbers = {}
+    for key in keys:
+        value = raw.get(key, getattr(defaults, key))
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError("gate config: %s%s must be a number of seconds > 0, got %r" % (prefix, key, value))
+        numbers[key] = float(value)
+    return numbers
+
+
+def _count(raw: dict[str, Any], key: str, default: int, prefix: str = "") -> int:
+    """``key`` of ``raw`` as an integer >= 1 (missing: ``default``)."""
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError("gate config: %s%s must be an integer >= 1, got %r" % (prefix, key, value))
+    return value
+
+
 def plan_workers(devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The gate config's ``workers`` from a split plan's devices: each remote RPC endpoint once, in the
     plan's order, as {host, address, port} (``[v6]:port`` endpoints unbracketed)."""
@@ -268,15 +287,8 @@ def _degrade(value: Any, hosts: list[str]) -> Degrade | None:
     probe = value.get("probe")
     if not isinstance(probe, list) or not probe or not all(isinstance(word, str) and word for word in probe):
         raise ValueError("gate config: degrade.probe must be a command (a list of words), got %r" % (probe,))
-    numbers = {}
-    for key in ("after", "probe_interval"):
-        number = value.get(key, getattr(Degrade, key))
-        if isinstance(number, bool) or not isinstance(number, (int, float)) or not number > 0:
-            raise ValueError("gate config: degrade.%s must be a number of seconds > 0, got %r" % (key, number))
-        numbers[key] = float(number)
-    return_probes = value.get("return_probes", DEFAULT_RETURN_PROBES)
-    if isinstance(return_probes, bool) or not isinstance(return_probes, int) or return_probes < 1:
-        raise ValueError("gate config: degrade.return_probes must be an integer >= 1, got %r" % (return_probes,))
+    numbers = _seconds(value, ("after", "probe_interval"), Degrade, "degrade.")
+    return_probes = _count(value, "return_probes", DEFAULT_RETURN_PROBES, "degrade.")
     request_file = _text(value, "request_file", None)
     if request_file is None:
         raise ValueError("gate config: degrade.request_file is required")
@@ -293,15 +305,8 @@ def load_config(raw: dict[str, Any]) -> Config:
     for key in ("listen_port", "upstream_port", "unit", "workers"):
         if key not in raw:
             raise ValueError("gate config: %s is required" % key)
-    numbers = {}
-    for key in _NUMBER_KEYS:
-        value = raw.get(key, getattr(Config, key))
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError("gate config: %s must be a number of seconds > 0, got %r" % (key, value))
-        numbers[key] = float(value)
-    max_connections = raw.get("max_connections", DEFAULT_MAX_CONNECTIONS)
-    if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
-        raise ValueError("gate config: max_connections must be an integer >= 1, got %r" % (max_connections,))
+    numbers = _seconds(raw, _NUMBER_KEYS, Config)
+    max_connections = _count(raw, "max_connections", DEFAULT_MAX_CONNECTIONS)
     # an empty path means none (the role writes every key)
     paths = {key: _text(raw, key, None) if raw.get(key) != "" else None for key in _OPTIONAL_PATH_KEYS}
     if (paths["tls_cert"] is None) != (paths["tls_key"] is None):
