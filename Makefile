@@ -61,9 +61,11 @@ unit: venv collection
 	@echo "==> unit tests"
 	@$(BIN)/pytest -q tests/unit
 
+# ansible-lint adds the user's own collection folders to ansible.cfg's: a llamafleet.cluster
+# installed there (from a tarball, say) would shadow this checkout's modules. It gets a HOME of its own.
 lint: venv collection
 	@echo "==> ansible-lint (production profile)"
-	@$(BIN)/ansible-lint --profile production --offline
+	@mkdir -p $(CACHE)/lint-home && HOME=$(CACHE)/lint-home $(BIN)/ansible-lint --profile production --offline
 	@echo "==> yamllint"
 	@$(BIN)/yamllint -s .
 

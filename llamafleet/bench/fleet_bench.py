@@ -45,6 +45,20 @@ GROUP = "llamafleet_bench_workers_%d"
 START_FILE = "started"
 # Milliseconds: 1 s of one-way latency per link is not a network any more.
 MAX_LATENCY_MS = 1000.0
+# A split policy of the bench only: balanced, told each link's round trip (the deploy's measured one plus the
+# point's injected latency, both ways), as deploy.yml plans with llama_server_link_rtt_ms=auto on such a link.
+AUTO_POLICY = "auto"
+BENCH_POLICIES = (*POLICIES, AUTO_POLICY)
+# bench.yml has this many build slots (a playbook cannot loop over plays; each slot is an import of
+# playbooks/bench_build.yml that runs only when bench_builds is that long).
+MAX_BUILDS = 3
+# What a build of bench_builds may set: the llamacpp_build variables that decide what is built. bench.yml sets
+# them on every host for the build's matrix and sets them back afterwards.
+BUILD_KEYS = ("llamacpp_build_source_type", "llamacpp_build_git_repo", "llamacpp_build_git_version",
+              "llamacpp_build_archive_url", "llamacpp_build_archive_sha256", "llamacpp_build_archive_subdir",
+              "llamacpp_build_version", "llamacpp_build_cmake_args", "llamacpp_build_native",
+              "llamacpp_build_cuda_architectures", "llamacpp_build_rocm_targets")
+_BUILD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,39}$")
 
 
 def _numbers(value: Any, name: str, errors: list[str], *, integer: bool, minimum: float) -> list[float]:
@@ -74,6 +88,36 @@ def _numbers(value: Any, name: str, errors: list[str], *, integer: bool, minimum
             errors.append("%s: %r is below %s" % (name, item, int(minimum) if minimum == int(minimum) else minimum))
         else:
             out.append(number)
+    return out
+
+
+def check_builds(value: Any, errors: list[str]) -> list[dict[str, Any]]:
+    """bench_builds as ``[{"name", "vars"}]`` (empty: the deployed build only); appends errors naming it."""
+    if value in (None, []):
+        return []
+    if not isinstance(value, list):
+        errors.append("bench_builds must be a list of {name, vars}, not %r" % (value,))
+        return []
+    if len(value) > MAX_BUILDS:
+        errors.append("bench_builds: %d builds asked, bench.yml compares at most %d" % (len(value), MAX_BUILDS))
+    out: list[dict[str, Any]] = []
+    for i, build in enumerate(value):
+        where = "bench_builds[%d]" % i
+        if not isinstance(build, dict) or set(build) - {"name", "vars"}:
+            errors.append("%s must be a mapping with name and vars, not %r" % (where, build))
+            continue
+        name, variables = build.get("name"), build.get("vars") or {}
+        if not isinstance(name, str) or not _BUILD_NAME.match(name):
+            errors.append("%s.name %r: 1-40 letters, digits, '.', '_', '+' or '-'" % (where, name))
+        elif name in {b["name"] for b in out}:
+            errors.append("%s.name %r is used twice" % (where, name))
+        if not isinstance(variables, dict):
+            errors.append("%s.vars must be a mapping of llamacpp_build variables, not %r" % (where, variables))
+            continue
+        for key in variables:
+            if key not in BUILD_KEYS:
+                errors.append("%s.vars: %r is not a build setting (use %s)" % (where, key, ", ".join(BUILD_KEYS)))
+        out.append({"name": name, "vars": variables})
     return out
 
 
@@ -121,8 +165,12 @@ def validate(settings: dict[str, Any]) -> dict[str, Any]:
         errors.append("bench_policies must be a non-empty list, not %r" % (policies,))
         policies = []
     for policy in policies:
-        if policy not in POLICIES:
-            errors.append("bench_policies: unknown policy %r (use %s)" % (policy, ", ".join(POLICIES)))
+        if policy not in BENCH_POLICIES:
+            errors.append("bench_policies: unknown policy %r (use %s)" % (policy, ", ".join(BENCH_POLICIES)))
+    builds = check_builds(settings.get("bench_builds"), errors)
+    bandwidths_in = settings.get("bench_bandwidths_mbit")
+    bandwidths = _numbers(bandwidths_in, "bench_bandwidths_mbit", errors, integer=False, minimum=0) \
+        if bandwidths_in not in (None, []) else [0.0]
     if settings.get("bench_proxy_mode") not in MODES:
         errors.append("bench_proxy_mode: unknown mode %r (use %s)" % (settings.get("bench_proxy_mode"), ", ".join(MODES)))
     _positive_int(settings.get("bench_repetitions"), "bench_repetitions", errors)
@@ -133,6 +181,8 @@ def validate(settings: dict[str, Any]) -> dict[str, Any]:
         for n in _numbers(concurrency, "bench_concurrency", errors, integer=True, minimum=1):
             if n > measure.MAX_CLIENTS:
                 errors.append("bench_concurrency: %d is above %d clients" % (n, measure.MAX_CLIENTS))
+    if settings.get("bench_sweep_seconds") not in (None, ""):
+        _numbers([settings.get("bench_sweep_seconds")], "bench_sweep_seconds", errors, integer=False, minimum=0)
     port = _positive_int(settings.get("bench_proxy_port"), "bench_proxy_port", errors)
     if port + len(workers) > 65536:
         errors.append("bench_proxy_port: %d + %d workers runs past port 65535" % (port, len(workers)))
@@ -147,18 +197,27 @@ def validate(settings: dict[str, Any]) -> dict[str, Any]:
     run_dir = Path(results_dir).resolve() / str(settings.get("run_id") or time.strftime("%Y%m%dT%H%M%S"))
     (run_dir / POINTS_DIR).mkdir(parents=True, exist_ok=True)
     (run_dir / START_FILE).write_text("%f\n" % time.time(), encoding="utf-8")
-    return {"errors": [], "run_dir": str(run_dir), "points": matrix(workers, counts, latencies, list(policies)),
+    points = []
+    for build in [b["name"] for b in builds] or [""]:
+        for point in matrix(workers, counts, latencies, list(policies), bandwidths):
+            points.append(dict(point, index=len(points) + 1, build=build))
+    return {"errors": [], "run_dir": str(run_dir), "points": points, "builds": builds,
+            "build_keys": sorted({key for b in builds for key in b["vars"]}),
             "groups": [{"group": GROUP % n, "workers": workers[:n]} for n in sorted(set(counts))]}
 
 
-def matrix(workers: list[str], counts: list[int], latencies: list[float], policies: list[str]) -> list[dict[str, Any]]:
-    """The points, numbered from 1: each count × policy × latency (latency varies fastest)."""
+def matrix(workers: list[str], counts: list[int], latencies: list[float], policies: list[str],
+           bandwidths: list[float] | None = None) -> list[dict[str, Any]]:
+    """The points, numbered from 1: each count × policy × bandwidth cap (0: none) × latency (latency varies
+    fastest)."""
     points = []
     for n in counts:
         for policy in policies:
-            for latency in latencies:
-                points.append({"index": len(points) + 1, "nodes": n, "workers": workers[:n], "group": GROUP % n,
-                               "latency_ms": latency, "policy": policy})
+            for bandwidth in bandwidths or [0.0]:
+                for latency in latencies:
+                    points.append({"index": len(points) + 1, "nodes": n, "workers": workers[:n],
+                                   "group": GROUP % n, "latency_ms": latency, "policy": policy,
+                                   "bandwidth_mbit": bandwidth})
     return points
 
 
@@ -233,6 +292,7 @@ def write_point(run_dir: Path, index: int, point: Point, extra: dict[str, Any]) 
 
 def _point(spec: dict[str, Any], status: str = "ok") -> Point:
     return Point(nodes=int(spec["nodes"]), latency_ms=float(spec["latency_ms"]), policy=str(spec["policy"]),
+                 bandwidth_mbit=float(spec.get("bandwidth_mbit") or 0.0), build=str(spec.get("build") or ""),
                  status=status)
 
 
@@ -251,6 +311,8 @@ def run_measure(data: dict[str, Any]) -> dict[str, Any]:
     point.load_s = load_seconds(data.get("start_usec"), data.get("loaded_line", ""))
     point.bytes_per_worker = bytes_per_worker(data.get("proxy_hosts") or [], data.get("proxy_stats") or [])
     point.hops = rpc_hops(data.get("plan") or {})
+    point.plan_policy = str((data.get("plan") or {}).get("policy") or "")
+    point.build_id = str(data.get("build_id") or "")
     api_key = os.environ.get("LLAMAFLEET_API_KEY", "")
 
     def one(n_predict: int) -> measure.StreamResult:
@@ -261,7 +323,9 @@ def run_measure(data: dict[str, Any]) -> dict[str, Any]:
     point.repetitions = [Repetition.from_dict(asdict(r)) for r in results if r.ok]
     errors = sorted({r.error for r in results if not r.ok})
     sweep_n = int(data.get("sweep_n_predict", data["n_predict"]))
-    point.sweep = [asdict(measure.sweep(lambda: one(sweep_n), int(n), requests=int(n)))
+    seconds = float(data.get("sweep_seconds") or 0)
+    point.sweep = [asdict(measure.sweep(lambda: one(sweep_n), int(n), requests=None if seconds else int(n),
+                                        duration_s=seconds or None))
                    for n in data.get("concurrency") or []]
     if not point.repetitions:
         point.status = "failed: " + "; ".join(errors or ["no completion"])
@@ -270,6 +334,7 @@ def run_measure(data: dict[str, Any]) -> dict[str, Any]:
     tok_s = [r.tok_s for r in point.repetitions if r.tok_s]
     return {"status": point.status, "tok_s": round(sorted(tok_s)[len(tok_s) // 2], 2) if tok_s else None,
             "load_s": point.load_s, "bytes_per_worker": point.bytes_per_worker, "hops": point.hops,
+            "plan_policy": point.plan_policy,
             "progress": progress_line(int(spec["index"]), int(data["total"]), elapsed(run_dir))}
 
 

@@ -73,6 +73,9 @@ class Point:
     build: str = ""
     status: str = "ok"
     sweep: list[dict[str, Any]] = field(default_factory=list)
+    bandwidth_mbit: float = 0.0
+    plan_policy: str = ""
+    build_id: str = ""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Point:
@@ -86,19 +89,28 @@ class Point:
         return self.status == "ok" and any(r.tok_s for r in self.repetitions)
 
     @property
-    def group(self) -> tuple[str, str]:
-        """What a baseline and a fit are taken within: (policy, build)."""
-        return self.policy, self.build
+    def bandwidth(self) -> str:
+        """The link cap as a label: ``100 Mbit/s``, or empty when uncapped."""
+        return "%g Mbit/s" % self.bandwidth_mbit if self.bandwidth_mbit else ""
+
+    @property
+    def group(self) -> tuple[str, ...]:
+        """What a baseline and a fit are taken within: its value of each VARIANTS."""
+        return tuple(getattr(self, name) for name in VARIANTS)
 
     @property
     def hop_count(self) -> int:
         return self.nodes if self.hops is None else self.hops
 
-    def label(self, with_policy: bool, with_build: bool) -> str:
+    def label(self, varying: Iterable[str]) -> str:
+        """``2 nodes``, followed by the point's value of each variant in ``varying``."""
         parts = ["%d node%s" % (self.nodes, "" if self.nodes == 1 else "s")]
-        parts += [self.policy] if with_policy else []
-        parts += [self.build] if with_build else []
+        parts += [getattr(self, name) for name in varying if getattr(self, name)]
         return ", ".join(parts)
+
+
+# The dimensions besides nodes and latency that make a point's line in tables and plots.
+VARIANTS = ("policy", "bandwidth", "build")
 
 
 @dataclass(frozen=True)
@@ -187,7 +199,7 @@ def fits(points: list[Point]) -> dict[str, Fit]:
     return out
 
 
-def baselines(points: list[Point]) -> dict[tuple[str, str], Point]:
+def baselines(points: list[Point]) -> dict[tuple[str, ...], Point]:
     """Per policy/build, the ok point with the fewest nodes at the lowest latency."""
     out: dict[tuple[str, str], Point] = {}
     for p in sorted((p for p in points if p.ok), key=lambda p: (p.nodes, p.latency_ms)):
@@ -195,7 +207,7 @@ def baselines(points: list[Point]) -> dict[tuple[str, str], Point]:
     return out
 
 
-def times_baseline(point: Point, base: dict[tuple[str, str], Point]) -> float | None:
+def times_baseline(point: Point, base: dict[tuple[str, ...], Point]) -> float | None:
     """Median tok/s of a point over its baseline's."""
     ref = base.get(point.group)
     mine, theirs = spread(point, "tok_s"), spread(ref, "tok_s") if ref else None
@@ -204,6 +216,22 @@ def times_baseline(point: Point, base: dict[tuple[str, str], Point]) -> float | 
 
 def _varies(points: list[Point], attr: str) -> bool:
     return len({getattr(p, attr) for p in points}) > 1
+
+
+def varying(points: list[Point]) -> list[str]:
+    """The VARIANTS whose value differs between the points; the policy also when a plan turned into another one
+    (auto, balanced with round trips, becoming fewest_hops), so tables show it."""
+    switched = any(p.plan_policy and p.plan_policy != p.policy for p in points)
+    return [name for name in VARIANTS if _varies(points, name) or (name == "policy" and switched)]
+
+
+def variant_cell(point: Point, name: str) -> str:
+    """A table cell for one of VARIANTS: ``–`` when the point has none (uncapped, the deployed build); the plan
+    a policy turned into when that differs (``balanced → fewest_hops``)."""
+    value = getattr(point, name) or "–"
+    if name == "policy" and point.plan_policy and point.plan_policy != point.policy:
+        value += " → " + point.plan_policy
+    return value
 
 
 def _cell(value: Spread | None, scale: float = 1.0, digits: int = 1) -> str:
@@ -215,21 +243,21 @@ def markdown(points: list[Point], fitted: dict[str, Fit]) -> str:
     base = baselines(points)
     if not base:
         return "No point was measured.\n" + _not_measured(points)
-    extra = [a for a in ("policy", "build") if _varies(points, a)]
+    extra = varying(points)
     head = ["nodes", *extra, "latency", "tok/s", "× baseline", "TTFT (ms)", "total (s)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p in sorted(points, key=_order):
         if not p.ok:
             continue
         ratio = times_baseline(p, base)
-        row = [str(p.nodes), *(getattr(p, a) for a in extra), "%g ms" % p.latency_ms, _cell(spread(p, "tok_s")),
+        row = [str(p.nodes), *(variant_cell(p, a) for a in extra), "%g ms" % p.latency_ms, _cell(spread(p, "tok_s")),
                "%.2f×" % ratio if ratio is not None else "–", _cell(spread(p, "ttft_s"), 1000, 0),
                _cell(spread(p, "total_s"), 1, 2)]
         lines.append("| " + " | ".join(row) + " |")
     reps = sorted({len(p.repetitions) for p in points if p.ok})
     lines += ["", "Median (min–max) of %s repetitions; × baseline: median tok/s over that of %s."
               % ("/".join(map(str, reps)) or "0",
-                 "; ".join("%s at %g ms%s" % (b.label(False, False), b.latency_ms,
+                 "; ".join("%s at %g ms%s" % (b.label(()), b.latency_ms,
                                               " (%s)" % " ".join(g for g in b.group if g) if extra else "")
                            for b in base.values()) or "no baseline")]
     sweep_rows = [(p, s) for p in sorted(points, key=_order) for s in p.sweep]
@@ -238,7 +266,7 @@ def markdown(points: list[Point], fitted: dict[str, Fit]) -> str:
                   % "".join(a + " | " for a in extra), "|" + "---|" * (7 + len(extra))]
         for p, s in sweep_rows:
             lines.append("| %d | %s%g ms | %d | %.1f | %s | %s | %d/%d |" % (
-                p.nodes, "".join(str(getattr(p, a)) + " | " for a in extra), p.latency_ms, s["clients"],
+                p.nodes, "".join(variant_cell(p, a) + " | " for a in extra), p.latency_ms, s["clients"],
                 s["aggregate_tok_s"], _num(s.get("latency_p50_s")), _num(s.get("latency_p95_s")),
                 s["errors"], s["requests"]))
     if fitted:
@@ -253,7 +281,7 @@ def _not_measured(points: list[Point]) -> str:
     if not skipped:
         return ""
     return "\nNot measured:\n\n" + "".join(
-        "- %s at %g ms: %s\n" % (p.label(True, bool(p.build)), p.latency_ms,
+        "- %s at %g ms: %s\n" % (p.label(VARIANTS), p.latency_ms,
                                  p.status if p.status != "ok" else "no successful repetition") for p in skipped)
 
 
@@ -262,11 +290,13 @@ def _num(value: float | None) -> str:
 
 
 def _order(p: Point) -> tuple:
-    return p.build, p.policy, p.nodes, p.latency_ms
+    return p.build, p.policy, p.bandwidth_mbit, p.nodes, p.latency_ms
 
 
 CSV_FIGURES = ("tok_s", "ttft_s", "total_s", "prompt_tok_s")
-POINT_COLUMNS = ("nodes", "latency_ms", "policy", "build", "status", "hops", "repetitions",
+POINT_COLUMNS = ("nodes", "latency_ms", "policy", "plan_policy", "bandwidth_mbit", "build", "build_id", "status",
+                 "hops",
+                 "repetitions",
                  *("%s_%s" % (name, stat) for name in CSV_FIGURES for stat in ("median", "min", "max")),
                  "x_baseline", "load_s", "bytes_total", "bytes_per_worker")
 
@@ -276,7 +306,9 @@ def csv_rows(points: list[Point]) -> list[dict[str, Any]]:
     base = baselines(points)
     rows = []
     for p in sorted(points, key=_order):
-        row: dict[str, Any] = {"nodes": p.nodes, "latency_ms": p.latency_ms, "policy": p.policy, "build": p.build,
+        row: dict[str, Any] = {"nodes": p.nodes, "latency_ms": p.latency_ms, "policy": p.policy,
+                               "plan_policy": p.plan_policy, "bandwidth_mbit": p.bandwidth_mbit, "build": p.build,
+                               "build_id": p.build_id,
                                "status": p.status, "hops": p.hop_count, "repetitions": len(p.repetitions)}
         for name in CSV_FIGURES:
             got = spread(p, name)
@@ -297,7 +329,8 @@ SWEEP_COLUMNS = ("clients", "requests", "errors", "wall_s", "tokens", "aggregate
 
 def sweep_rows(points: list[Point]) -> list[dict[str, Any]]:
     """sweep.csv: one row per point and concurrency step."""
-    return [{"nodes": p.nodes, "latency_ms": p.latency_ms, "policy": p.policy, "build": p.build,
+    return [{"nodes": p.nodes, "latency_ms": p.latency_ms, "policy": p.policy, "bandwidth_mbit": p.bandwidth_mbit,
+             "build": p.build,
              **{c: s.get(c, "") if s.get(c) is not None else "" for c in SWEEP_COLUMNS}}
             for p in sorted(points, key=_order) for s in p.sweep]
 
@@ -310,14 +343,14 @@ def write_csv(path: Path, rows: list[dict[str, Any]], columns: Iterable[str]) ->
 
 
 def _series(points: list[Point], name: str, scale: float) -> dict[str, list[tuple[float, Spread]]]:
-    """Per line label (node count, and policy/build when they vary): (latency, Spread) sorted by latency."""
-    with_policy, with_build = _varies(points, "policy"), _varies(points, "build")
+    """Per line label (node count, and the variants that vary): (latency, Spread) sorted by latency."""
+    extra = varying(points)
     lines: dict[str, list[tuple[float, Spread]]] = {}
     for p in sorted((p for p in points if p.ok), key=_order):
         got = spread(p, name)
         if got:
             scaled = Spread(got.median * scale, got.low * scale, got.high * scale, got.n)
-            lines.setdefault(p.label(with_policy, with_build), []).append((p.latency_ms, scaled))
+            lines.setdefault(p.label(extra), []).append((p.latency_ms, scaled))
     return lines
 
 
@@ -352,10 +385,10 @@ def plot_load_and_bytes(path: Path, points: list[Point]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    with_policy, with_build = _varies(points, "policy"), _varies(points, "build")
+    extra = varying(points)
     splits: dict[str, list[Point]] = {}
     for p in sorted((p for p in points if p.status == "ok"), key=_order):
-        splits.setdefault(p.label(with_policy, with_build), []).append(p)
+        splits.setdefault(p.label(extra), []).append(p)
     labels = list(splits)
     workers = sorted({w for group in splits.values() for p in group for w in p.bytes_per_worker})
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
@@ -399,7 +432,7 @@ def write_report(points: list[Point], folder: Path, echo: Callable[[str], None] 
     paths["results.json"].write_text(json.dumps(raw, indent=2) + "\n", encoding="utf-8")
     write_csv(paths["points.csv"], csv_rows(points), POINT_COLUMNS)
     write_csv(paths["sweep.csv"], sweep_rows(points),
-              ("nodes", "latency_ms", "policy", "build", *SWEEP_COLUMNS))
+              ("nodes", "latency_ms", "policy", "bandwidth_mbit", "build", *SWEEP_COLUMNS))
     paths["report.md"].write_text(markdown(points, fitted), encoding="utf-8")
     plot_vs_latency(paths["tok_s_vs_latency.png"], points, "tok_s", 1.0, "generation tok/s (client)",
                     "Generation speed against link latency")

@@ -4,7 +4,7 @@
 """A TCP proxy in front of an rpc-server that adds latency to chosen llama.cpp RPC commands.
 
     python -m llamafleet.bench.rpcproxy --listen 127.0.0.1:50100 --upstream 10.0.0.2:50052 \\
-        --delay-ms 10 --mode compute [--armed] [--stats /run/llamafleet-bench/proxy-0.json]
+        --delay-ms 10 --mode compute [--rate-mbit 1000] [--armed] [--stats /run/llamafleet-bench/proxy-0.json]
 
 llama-server is pointed at ``--listen`` (``--rpc 127.0.0.1:50100``) instead of
 the rpc-server. The proxy does not need llamafleet on the host: copied next to
@@ -41,6 +41,18 @@ is piped untouched except for HELLO (below).
 
 Modes: ``compute`` delays GRAPH_COMPUTE and GRAPH_RECOMPUTE; ``transfer`` those
 and GET_TENSOR and SET_TENSOR; ``all`` every command.
+
+Bandwidth cap
+-------------
+``--rate-mbit R`` (0, the default: no cap) limits each direction of every
+relayed connection to R megabits per second (1 Mbit = 10^6 bits), as a ``tc
+tbf`` on the link would: a token bucket per direction and connection, filled at
+R, holding at most ``max(64 KiB, R × 10 ms)`` (the burst), and bytes are
+forwarded in slices of at most 64 KiB, each once the bucket holds it. Unlike the
+delay, the cap applies from the start, armed or not: a link's bandwidth also
+limits the model load (weights travel as SET_TENSOR). It composes with the
+delay line: a delayed frame leaves the line at its time and is then paced like
+any other byte; the order of the stream never changes.
 
 HELLO carries 24 bytes of transport capabilities each way (RDMA parameters when
 both sides were built with GGML_RPC_RDMA). The proxy zeroes them in both
@@ -158,6 +170,9 @@ CHUNK = 256 * 1024
 PROBE_BYTES = 4096
 # At most this many chunks wait in the delay line of one connection (backpressure beyond).
 QUEUE_CHUNKS = 64
+# Bandwidth cap: bytes forwarded at once at most, and the seconds of rate the bucket holds beyond that.
+RATE_SLICE = 64 * 1024
+RATE_BURST_S = 0.010
 
 
 def command_name(command: int) -> str:
@@ -178,6 +193,11 @@ def reply_size(command: int, payload: bytes) -> int | None:
 def request_frame(command: int, payload: bytes = b"") -> bytes:
     """A request as the client sends it: ``u8 command | u64 size | payload``."""
     return HEADER.pack(command, len(payload)) + payload
+
+
+def set_tensor_payload(tensor: bytes, data: bytes, offset: int = 0) -> bytes:
+    """SET_TENSOR's request payload: rpc_tensor, cache flag (0: do not write a cache file), offset, data."""
+    return tensor + struct.pack("<BQ", 0, offset) + data
 
 
 def delayed_commands(mode: str) -> frozenset[int]:
@@ -278,6 +298,38 @@ class HelloReplyFilter:
         return bytes(out)
 
 
+def rate_burst(rate_mbit: float) -> int:
+    """Bytes a bucket of ``rate_mbit`` holds: one slice, or ``RATE_BURST_S`` of the rate when that is more."""
+    return max(RATE_SLICE, int(rate_mbit * 1e6 / 8 * RATE_BURST_S))
+
+
+class TokenBucket:
+    """A token bucket of ``rate_mbit`` megabits per second (1 Mbit = 10^6 bits), full at the start.
+
+    ``take(n)`` charges ``n`` bytes and returns the seconds to wait before
+    sending them: 0 while the bucket holds them, else until it has refilled to
+    them (the bucket then stands at 0). Idle time refills it up to ``burst``
+    bytes only. A caller that sleeps longer than asked gets the excess back as
+    tokens (up to the burst), so oversleeping does not lower the long-run rate.
+    """
+
+    def __init__(self, rate_mbit: float, burst: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not (math.isfinite(rate_mbit) and rate_mbit > 0):
+            raise ValueError("a token bucket needs a rate above 0, not %r" % rate_mbit)
+        self.rate = rate_mbit * 1e6 / 8  # bytes per second
+        self.burst = rate_burst(rate_mbit) if burst is None else burst
+        self.clock = clock
+        self._tokens = float(self.burst)
+        self._stamp = clock()
+
+    def take(self, nbytes: int) -> float:
+        now = self.clock()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._stamp) * self.rate) - nbytes
+        self._stamp = now
+        return -self._tokens / self.rate if self._tokens < 0 else 0.0
+
+
 class Stats:
     """Counters of a proxy, safe to update from every connection's threads."""
 
@@ -290,6 +342,7 @@ class Stats:
         self.active_connections = 0
         self.delayed = 0
         self.held_s = 0.0
+        self.rate_wait_s = 0.0
         self.commands: dict[str, list[int]] = {}
 
     def count(self, frame: Frame, delayed: bool) -> None:
@@ -308,7 +361,12 @@ class Stats:
             self.version += 1
 
     def snapshot(self) -> dict:
-        """Counters as JSON-ready data; ``held_ms_mean`` is the mean time delayed frames waited here."""
+        """Counters as JSON-ready data.
+
+        ``held_ms_mean``: the mean time delayed frames waited in the delay line;
+        ``rate_wait_ms``: the total time forwarding (both directions, every
+        connection) waited for the bandwidth cap.
+        """
         with self._lock:
             return {
                 "bytes_to_upstream": self.bytes_to_upstream,
@@ -317,6 +375,7 @@ class Stats:
                 "active_connections": self.active_connections,
                 "delayed_commands": self.delayed,
                 "held_ms_mean": round(1000 * self.held_s / self.delayed, 3) if self.delayed else None,
+                "rate_wait_ms": round(1000 * self.rate_wait_s, 3),
                 "commands": {name: {"count": c, "payload_bytes": b, "delayed": d}
                              for name, (c, b, d) in sorted(self.commands.items())},
             }
@@ -349,6 +408,21 @@ class _Link:
         self.proxy = proxy
         self.client = client
         self.lines: queue.Queue = queue.Queue(maxsize=QUEUE_CHUNKS)
+
+    def _forward(self, sock: socket.socket, data: bytes, bucket: TokenBucket | None) -> float:
+        """sendall ``data`` to ``sock``, in slices paced by ``bucket`` (None: at once); seconds it waited."""
+        if bucket is None:
+            sock.sendall(data)
+            return 0.0
+        waited, view = 0.0, memoryview(data)
+        for at in range(0, len(view), RATE_SLICE):
+            piece = view[at:at + RATE_SLICE]
+            wait = bucket.take(len(piece))
+            if wait > 0:
+                self.proxy.sleep(wait)
+                waited += wait
+            sock.sendall(piece)
+        return waited
 
     def run(self) -> None:
         proxy, client = self.proxy, self.client
@@ -406,8 +480,8 @@ class _Link:
         self.lines.put(end)
 
     def _write_up(self, upstream: socket.socket) -> None:
-        """Delay line -> upstream, each piece at its time; the client's close or reset passed on."""
-        proxy, broken = self.proxy, False
+        """Delay line -> upstream, each piece at its time, then paced; the client's close or reset passed on."""
+        proxy, broken, bucket = self.proxy, False, self.proxy.bucket()
         while True:
             item = self.lines.get()
             if item == _EOF:
@@ -422,18 +496,18 @@ class _Link:
             wait = due - proxy.clock()
             if wait > 0:
                 proxy.sleep(wait)
+            held_s = delayed * (proxy.clock() - arrived)
             try:
-                upstream.sendall(piece)
+                paced_s = self._forward(upstream, piece, bucket)
             except OSError:
                 broken = True
                 _abort(self.client)
                 continue
-            proxy.stats.add(bytes_to_upstream=len(piece), delayed=delayed,
-                            held_s=delayed * (proxy.clock() - arrived))
+            proxy.stats.add(bytes_to_upstream=len(piece), delayed=delayed, held_s=held_s, rate_wait_s=paced_s)
 
     def _pump_down(self, upstream: socket.socket) -> None:
-        """Upstream -> client as bytes (HELLO's capabilities zeroed); the server's close or reset passed on."""
-        reply, client_gone = HelloReplyFilter(), False
+        """Upstream -> client as bytes (HELLO's capabilities zeroed), paced; the server's close or reset passed on."""
+        reply, client_gone, bucket = HelloReplyFilter(), False, self.proxy.bucket()
         try:
             while True:
                 data = upstream.recv(CHUNK)
@@ -442,8 +516,8 @@ class _Link:
                 out = reply.feed(data)
                 if out and not client_gone:
                     try:
-                        self.client.sendall(out)
-                        self.proxy.stats.add(bytes_to_client=len(out))
+                        paced_s = self._forward(self.client, out, bucket)
+                        self.proxy.stats.add(bytes_to_client=len(out), rate_wait_s=paced_s)
                     except OSError:
                         client_gone = True
         except OSError:
@@ -462,13 +536,20 @@ def parse_address(text: str, what: str) -> tuple[str, int]:
 
 
 class RpcProxy:
-    """Listens on ``listen`` and relays every connection to ``upstream`` through a delay line."""
+    """Listens on ``listen`` and relays every connection to ``upstream`` through a delay line.
+
+    ``rate_mbit`` above 0 caps each direction of every connection to that many
+    megabits per second, armed or not (see "Bandwidth cap").
+    """
 
     def __init__(self, listen: tuple[str, int], upstream: tuple[str, int], delay_ms: float, mode: str,
                  armed: bool = False, connect_timeout: float = 10.0,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, rate_mbit: float = 0.0) -> None:
         if not (math.isfinite(delay_ms) and delay_ms >= 0):
             raise ValueError("--delay-ms must be a number of 0 or more, not %r" % delay_ms)
+        if not (math.isfinite(rate_mbit) and rate_mbit >= 0):
+            raise ValueError("--rate-mbit must be a number of 0 (no cap) or more, not %r" % rate_mbit)
+        self.rate_mbit = rate_mbit
         self._delayed = delayed_commands(mode)
         self.mode = mode
         self.delay_s = delay_ms / 1000.0
@@ -494,6 +575,10 @@ class RpcProxy:
         host, port = self._server.getsockname()[:2]
         return host, port
 
+    def bucket(self) -> TokenBucket | None:
+        """A fresh token bucket for one direction of one connection; None without a cap."""
+        return TokenBucket(self.rate_mbit, clock=self.clock) if self.rate_mbit else None
+
     def delays(self, command: int) -> bool:
         """Whether a request with this command is delayed now."""
         return self.armed and command in self._delayed
@@ -511,8 +596,8 @@ class RpcProxy:
         """Configuration and counters, as the stats file holds them."""
         return {"listen": rpc_proto.format_endpoint(*self.address),
                 "upstream": rpc_proto.format_endpoint(*self.upstream), "mode": self.mode,
-                "delay_ms": self.delay_s * 1000, "armed": self.armed, "pid": os.getpid(),
-                "written_at": time.time(), **self.stats.snapshot()}
+                "delay_ms": self.delay_s * 1000, "rate_mbit": self.rate_mbit, "armed": self.armed,
+                "pid": os.getpid(), "written_at": time.time(), **self.stats.snapshot()}
 
     def serve_forever(self) -> None:
         """Accept and relay connections (each on its own threads) until close()."""
@@ -637,7 +722,7 @@ def _probe(client: RpcClient, command: int) -> Callable[[], object]:
         if command == Cmd.GET_TENSOR:
             request = GET_TENSOR_REQ.pack(tensor, 0, PROBE_BYTES)
             return lambda: client.call(Cmd.GET_TENSOR, request)
-        data = tensor + struct.pack("<BQ", 0, 0) + bytes(PROBE_BYTES)  # cache flag 0, offset 0, data
+        data = set_tensor_payload(tensor, bytes(PROBE_BYTES))
         return then_answered(lambda: client.send(Cmd.SET_TENSOR, data))
     if command in (Cmd.GET_ALIGNMENT, Cmd.GET_MAX_SIZE, Cmd.GET_DEVICE_MEMORY, Cmd.DEVICE_COUNT):
         payload = b"" if command == Cmd.DEVICE_COUNT else alignment  # device 0
@@ -676,13 +761,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m llamafleet.bench.rpcproxy",
         description="Relay llama.cpp RPC to an rpc-server, adding a delay to chosen commands once armed "
-                    "(SIGUSR1 arms, SIGUSR2 disarms, SIGHUP writes the stats file).")
+                    "(SIGUSR1 arms, SIGUSR2 disarms, SIGHUP writes the stats file), optionally capping "
+                    "the bandwidth.")
     parser.add_argument("--listen", required=True, help="HOST:PORT to accept llama-server's connection on")
     parser.add_argument("--upstream", required=True, help="HOST:PORT of the rpc-server")
     parser.add_argument("--delay-ms", type=float, required=True,
                         help="added round-trip time per delayed command (2 x a one-way link latency)")
     parser.add_argument("--mode", choices=sorted(MODES), required=True,
                         help="compute: GRAPH_COMPUTE/RECOMPUTE; transfer: also GET/SET_TENSOR; all: every command")
+    parser.add_argument("--rate-mbit", type=float, default=0.0,
+                        help="cap each direction of every connection to this many Mbit/s (10^6 bits), "
+                             "from the start, armed or not (0, the default: no cap)")
     parser.add_argument("--armed", action="store_true", help="delay from the start (default: wait for SIGUSR1)")
     parser.add_argument("--stats", type=Path, help="JSON file for the counters (rewritten atomically)")
     parser.add_argument("--stats-interval", type=float, default=1.0, help="seconds between stats writes (1)")
@@ -702,7 +791,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (math.isfinite(args.stats_interval) and args.stats_interval > 0):
             raise ValueError("--stats-interval must be a number of seconds above 0")
         proxy = RpcProxy(parse_address(args.listen, "--listen"), parse_address(args.upstream, "--upstream"),
-                         args.delay_ms, args.mode, armed=args.armed, log=log)
+                         args.delay_ms, args.mode, armed=args.armed, log=log, rate_mbit=args.rate_mbit)
     except ValueError as exc:
         parser.error(str(exc))
     except OSError as exc:
@@ -724,9 +813,10 @@ def control_loop(proxy: RpcProxy, stats_path: Path | None, interval: float) -> N
     for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)
     proxy.start()
-    proxy.log("listening on %s, %s, delay %.1f ms, mode %s" % (
+    proxy.log("listening on %s, %s, delay %.1f ms, mode %s, %s" % (
         rpc_proto.format_endpoint(*proxy.address), "armed" if proxy.armed else "disarmed",
-        proxy.delay_s * 1000, proxy.mode))
+        proxy.delay_s * 1000, proxy.mode,
+        "rate %g Mbit/s" % proxy.rate_mbit if proxy.rate_mbit else "no rate cap"))
     written, stop = -1, False
     while not stop:
         wake.wait(interval)

@@ -51,7 +51,8 @@ devices of equal speed buys memory headroom, not per-token speed, so extra hops
 give time back only where they move bytes onto faster devices. When every used
 worker's round trip is known (``link_rtt_ms`` or a worker's ``rtt_ms``),
 ``balanced`` estimates its own plan and the ``fewest_hops`` plan and takes the
-one with the lower estimate; a tie keeps ``balanced``. Only ``fewest_hops`` is
+``fewest_hops`` one when its estimate is lower by a clear margin (10 % and 1 ms
+per token, ``worth_fewer_hops``); otherwise it keeps ``balanced``. Only ``fewest_hops`` is
 considered because it is the plan with the fewest round trips.
 
 Stdlib only.
@@ -67,6 +68,12 @@ from .split_units import GIB, MIB, PlanError, layers_from_split
 
 POLICIES = ("balanced", "even", "fewest_hops", "fit")
 DEFAULT_POLICY = "balanced"
+# balanced gives way to fewest_hops only for a clear gain: at least this much of its own estimate and at least
+# FEWER_HOPS_MIN_GAIN_MS per token. Below that the round trips are noise against a token's compute (a LAN's
+# 0.1-0.5 ms) and keeping the spread keeps memory headroom; the margin also keeps a re-plan from flipping
+# between the two on a measurement that wobbles.
+FEWER_HOPS_MIN_GAIN = 0.10
+FEWER_HOPS_MIN_GAIN_MS = 1.0
 
 # A plan's cost is compared with a relative tolerance, so floating-point noise
 # never decides between two splits that are equal in exact arithmetic.
@@ -287,6 +294,12 @@ _REASONS = {
 }
 
 
+def worth_fewer_hops(balanced_ms: float, fewest_ms: float) -> bool:
+    """Whether the fewest_hops plan's estimate beats balanced's by the margin (FEWER_HOPS_MIN_GAIN, _MS)."""
+    gain = balanced_ms - fewest_ms
+    return gain >= FEWER_HOPS_MIN_GAIN_MS and gain >= FEWER_HOPS_MIN_GAIN * balanced_ms
+
+
 def _prefer_fewer_hops(result: dict[str, Any], devices: Sequence[Mapping[str, Any]], sizing: Mapping[str, Any],
                        ctx: int) -> None:
     """Switch a balanced split to fewest_hops when the measured round trips make that one faster."""
@@ -296,7 +309,7 @@ def _prefer_fewer_hops(result: dict[str, Any], devices: Sequence[Mapping[str, An
     counts = _by_memory("fewest_hops", devices, sizing, ctx)
     theirs = estimate_ms(devices, counts, sizing["costs"])
     result["estimates"]["fewest_hops"] = theirs
-    if theirs is not None and theirs["total_ms"] < mine["total_ms"]:
+    if theirs is not None and worth_fewer_hops(mine["total_ms"], theirs["total_ms"]):
         result.update(policy="fewest_hops", counts=counts,
                       reason="balanced -> fewest_hops: %d hop(s), est. %.2f ms/token, against %d hop(s), est. "
                              "%.2f ms/token for the balanced split (measured round trips)"

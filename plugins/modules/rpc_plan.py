@@ -105,7 +105,7 @@ options:
         margin), the output matrix counted; that is bytes in proportion to capacity, as near as whole layers allow.
         With round trips known (O(link_rtt_ms) or a worker's C(rtt_ms)) it takes the V(fewest_hops) plan instead
         when that one's estimated time per token, bytes read over bandwidth plus one round trip per RPC device
-        used, is lower.
+        used, is lower by a clear margin (10% and 1 ms per token).
       - V(even) puts the same number of layers on every device (as C(-ts 1,1,...)).
       - V(fewest_hops) uses the fewest RPC devices that hold the model at this context (the orchestrator's GPUs
         first, then RPC devices with the most memory), balanced among them.
@@ -117,6 +117,7 @@ options:
     description:
       - Measured round trip to every worker that gives no C(rtt_ms) of its own, ms. Unset, the planner knows no
         round trips and O(policy=balanced) never switches to V(fewest_hops).
+      - M(llamafleet.cluster.link_rtt) measures each worker's C(rtt_ms).
     type: float
   degrade:
     description:

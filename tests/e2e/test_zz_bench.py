@@ -19,8 +19,10 @@ from llamafleet.bench.report import PLOTS
 from tests.helpers import INVENTORY, playbook
 
 LLAMA_UNIT = "llamafleet-llama-server.service"
+# auto: balanced told each link's round trip; a 200 Mbit/s cap on every link (the proxies pace it).
 SMALL = {"bench_worker_counts": [1, 2], "bench_latencies_ms": [0, 20], "bench_repetitions": 1,
-         "bench_n_predict": 16, "bench_sweep_n_predict": 8, "bench_concurrency": [1, 2]}
+         "bench_n_predict": 16, "bench_sweep_n_predict": 8, "bench_concurrency": [1, 2],
+         "bench_policies": ["auto"], "bench_bandwidths_mbit": [200]}
 
 
 def server_pid(fleet) -> dict[str, str]:
@@ -71,11 +73,22 @@ def test_every_report_file_is_written(bench_run) -> None:
     assert all(p["status"] == "ok" for p in points), points
     for p in points:
         assert p["load_s"] and p["load_s"] > 0, p
+        assert p["bandwidth_mbit"] == 200 and p["policy"] == "auto", p
         assert set(p["bytes_per_worker"]) == set(["lab2", "lab3"][:p["nodes"]]), p
-        assert all(b > 0 for b in p["bytes_per_worker"].values()), p
+        # a worker the plan gives no layers is left out of --rpc, so its proxy carries nothing
+        assert sum(b > 0 for b in p["bytes_per_worker"].values()) == p["hops"], p
         assert [s["clients"] for s in p["sweep"]] == [1, 2] and all(s["errors"] == 0 for s in p["sweep"]), p
     assert "point 4/4 done" in run.output
     assert "| nodes" in (folder / "report.md").read_text()
+
+
+def test_auto_uses_fewer_hops_only_where_the_round_trip_makes_it_pay(bench_run) -> None:
+    _, folder = bench_run
+    points = json.loads((folder / "results.json").read_text())["points"]
+    chosen = {(p["nodes"], p["latency_ms"]): (p["plan_policy"], p["hops"]) for p in points}
+    # the lab's own round trip (well under 1 ms) keeps the spread; 2 x 20 ms per hop does not pay on equal workers
+    assert chosen[(2, 0)] == ("balanced", 2) and chosen[(2, 20)] == ("fewest_hops", 1), chosen
+    assert "auto → fewest_hops" in (folder / "report.md").read_text()
 
 
 def test_injected_latency_lowers_tok_s(bench_run) -> None:

@@ -9,6 +9,11 @@
   disarmed (nothing delayed, the weights counted as SET_TENSOR bytes), then
   streams completions disarmed and armed: every generated token pays the delay
   once (one device: inputs, compute and logits travel as one burst).
+- The proxy's own cost: armed at --delay-ms 0 it adds under 1 ms to the median
+  GRAPH_COMPUTE and GET_TENSOR round trip compared with rpc-server straight
+  (``pytest -s`` prints both medians).
+- --rate-mbit: a 4 MiB SET_TENSOR through the proxy takes its size at the cap's
+  rate, within 10%.
 
 The proxy runs as its command line does on a host (``python -m
 llamafleet.bench.rpcproxy``), armed and disarmed by signals, read through its
@@ -22,6 +27,7 @@ import contextlib
 import json
 import signal
 import statistics
+import struct
 import subprocess
 import sys
 import time
@@ -32,7 +38,14 @@ import pytest
 
 import test_llamacpp_local as local  # tests/integration is on sys.path (pytest's rootdir-relative import)
 from llamafleet.bench import measure
-from llamafleet.bench.rpcproxy import Cmd, added_delay_ms, delayed_commands, measure_round_trip
+from llamafleet.bench.rpcproxy import (
+    Cmd,
+    RpcClient,
+    added_delay_ms,
+    delayed_commands,
+    measure_round_trip,
+    set_tensor_payload,
+)
 
 pytestmark = pytest.mark.skipif(local.RPC_SERVER is None, reason=local.pytestmark.kwargs["reason"])
 
@@ -43,12 +56,14 @@ PROBED = (Cmd.GRAPH_COMPUTE, Cmd.GRAPH_RECOMPUTE, Cmd.GET_TENSOR, Cmd.SET_TENSOR
 
 
 @contextlib.contextmanager
-def proxy(upstream: int, mode: str, stats: Path, log: Path) -> Iterator[tuple[int, subprocess.Popen]]:
-    """The proxy's command line in front of 127.0.0.1:upstream, disarmed; yields (its port, its process)."""
+def proxy(upstream: int, mode: str, stats: Path, log: Path, delay_ms: float = DELAY_MS,
+          extra: tuple[str, ...] = ()) -> Iterator[tuple[int, subprocess.Popen]]:
+    """The proxy's command line (plus ``extra``) in front of 127.0.0.1:upstream, disarmed unless ``extra``
+    says ``--armed``; yields (its port, its process)."""
     port = local.free_port()
     argv = [sys.executable, "-m", "llamafleet.bench.rpcproxy", "--listen", "127.0.0.1:%d" % port,
-            "--upstream", "127.0.0.1:%d" % upstream, "--delay-ms", str(DELAY_MS), "--mode", mode,
-            "--stats", str(stats), "--stats-interval", "0.1"]
+            "--upstream", "127.0.0.1:%d" % upstream, "--delay-ms", str(delay_ms), "--mode", mode,
+            "--stats", str(stats), "--stats-interval", "0.1", *extra]
     with local.started(argv, log) as proc:
         read_stats(stats, lambda s: True)
         yield port, proc.popen
@@ -124,3 +139,49 @@ def test_llama_server_loads_undelayed_then_every_token_pays_the_delay(tmp_path: 
     per_token_slowed = 1 / statistics.median(r.tok_s for r in slowed)
     # One device: each token is one burst (inputs, compute, logits) ending in one round trip, delayed once.
     assert 0.9 * DELAY_MS <= (per_token_slowed - per_token_plain) * 1000 <= 1.3 * DELAY_MS
+
+
+OVERHEAD_SAMPLES = 200
+MAX_OVERHEAD_MS = 1.0
+
+
+@pytest.mark.parametrize("command", [Cmd.GRAPH_COMPUTE, Cmd.GET_TENSOR])
+def test_the_proxy_at_zero_delay_adds_under_a_millisecond(tmp_path: Path, command: Cmd) -> None:
+    """Armed, mode all, --delay-ms 0: every frame takes the delay line's path, nothing waits."""
+    with local.rpc_server(tmp_path / "cache", tmp_path / "rpc.log") as (upstream, rpc):
+        with proxy(upstream, "all", tmp_path / "stats.json", tmp_path / "proxy.log", delay_ms=0,
+                   extra=("--armed",)) as (port, _proc):
+            direct = measure_round_trip("127.0.0.1", upstream, command, samples=OVERHEAD_SAMPLES)
+            relayed = measure_round_trip("127.0.0.1", port, command, samples=OVERHEAD_SAMPLES)
+            stats = read_stats(tmp_path / "stats.json", lambda s: s["commands"].get(command.name, {}).get(
+                "delayed", 0) >= OVERHEAD_SAMPLES)
+        assert rpc.popen.poll() is None, rpc.output()
+    added = added_delay_ms(direct, relayed)
+    print("\n%s round trip: direct median %.3f ms, through the proxy (armed, 0 ms) median %.3f ms, added %.3f ms"
+          % (command.name, 1000 * statistics.median(direct), 1000 * statistics.median(relayed), added))
+    assert stats["armed"] is True and stats["delay_ms"] == 0
+    assert added < MAX_OVERHEAD_MS
+
+
+RATE_MBIT = 80.0
+TENSOR_BYTES = 4 << 20
+
+
+def test_set_tensor_through_a_rate_cap_takes_its_size_at_the_rate(tmp_path: Path) -> None:
+    """4 MiB of SET_TENSOR, then GET_ALIGNMENT (answered once the server took it), disarmed: the cap holds anyway."""
+    asked_s = TENSOR_BYTES * 8 / (RATE_MBIT * 1e6)
+    with local.rpc_server(tmp_path / "cache", tmp_path / "rpc.log") as (upstream, rpc):
+        with proxy(upstream, "transfer", tmp_path / "stats.json", tmp_path / "proxy.log",
+                   extra=("--rate-mbit", str(RATE_MBIT))) as (port, _proc):
+            with RpcClient("127.0.0.1", port) as client:
+                request = set_tensor_payload(client.alloc_tensor(TENSOR_BYTES), bytes(TENSOR_BYTES))
+                start = time.perf_counter()
+                client.send(Cmd.SET_TENSOR, request)
+                client.call(Cmd.GET_ALIGNMENT, struct.pack("<I", 0))
+                took = time.perf_counter() - start
+            stats = read_stats(tmp_path / "stats.json", lambda s: s["rate_wait_ms"] > 0)
+        assert rpc.popen.poll() is None, rpc.output()
+    print("\nSET_TENSOR of %d bytes at --rate-mbit %g: %.1f ms (%.1f Mbit/s), asked %.1f ms"
+          % (TENSOR_BYTES, RATE_MBIT, 1000 * took, TENSOR_BYTES * 8 / took / 1e6, 1000 * asked_s))
+    assert stats["rate_mbit"] == RATE_MBIT and stats["armed"] is False and stats["delayed_commands"] == 0
+    assert abs(took - asked_s) <= 0.1 * asked_s

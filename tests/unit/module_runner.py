@@ -37,3 +37,8 @@ def run_four(main: Callable[[], None], base: dict[str, Any], capsys: pytest.Capt
             after_each(extra, result)
         results.append(result)
     return results
+
+
+def warning_messages(result: dict[str, Any]) -> list[str]:
+    """The texts of a module result's warnings (ansible-core 2.19 wraps each in a dict, older ones do not)."""
+    return [w["event"]["msg"] if isinstance(w, dict) else w for w in result.get("warnings", [])]

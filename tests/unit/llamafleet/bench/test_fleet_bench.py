@@ -49,8 +49,56 @@ def test_policies_multiply_the_points(tmp_path: Path) -> None:
         ("balanced", 0.0), ("balanced", 7.5), ("fewest_hops", 0.0), ("fewest_hops", 7.5)]
 
 
+def test_bandwidth_caps_and_the_auto_policy_multiply_the_points(tmp_path: Path) -> None:
+    out = fleet_bench.validate(settings(tmp_path, bench_worker_counts=[2], bench_latencies_ms=[0, 5],
+                                        bench_policies=["auto"], bench_bandwidths_mbit=[100, "12.5"]))
+    assert out["errors"] == []
+    assert [(p["policy"], p["bandwidth_mbit"], p["latency_ms"]) for p in out["points"]] == [
+        ("auto", 100, 0), ("auto", 100, 5), ("auto", 12.5, 0), ("auto", 12.5, 5)]
+    # no caps asked: one uncapped set of points
+    out = fleet_bench.validate(settings(tmp_path, bench_worker_counts=[1], bench_latencies_ms=[0]))
+    assert [p["bandwidth_mbit"] for p in out["points"]] == [0.0]
+
+
+def test_builds_repeat_the_matrix_and_name_the_settings_they_change(tmp_path: Path) -> None:
+    builds = [{"name": "native", "vars": {}},
+              {"name": "portable", "vars": {"llamacpp_build_native": False, "llamacpp_build_cmake_args": ["-DX=1"]}}]
+    out = fleet_bench.validate(settings(tmp_path, bench_worker_counts=[2], bench_latencies_ms=[0, 5],
+                                        bench_builds=builds))
+    assert out["errors"] == []
+    assert [(p["index"], p["build"], p["latency_ms"]) for p in out["points"]] == [
+        (1, "native", 0), (2, "native", 5), (3, "portable", 0), (4, "portable", 5)]
+    assert out["builds"] == builds
+    assert out["build_keys"] == ["llamacpp_build_cmake_args", "llamacpp_build_native"]
+    # without builds: the deployed build, unnamed
+    out = fleet_bench.validate(settings(tmp_path, bench_worker_counts=[1], bench_latencies_ms=[0]))
+    assert [p["build"] for p in out["points"]] == [""] and out["builds"] == [] and out["build_keys"] == []
+
+
+@pytest.mark.parametrize(("builds", "message"), [
+    ("b6000", "bench_builds must be a list of {name, vars}"),
+    ([{"name": "a"}, {"name": "b"}, {"name": "c"}, {"name": "d"}], "bench_builds: 4 builds asked, bench.yml compares "
+                                                                   "at most 3"),
+    ([{"name": "a", "flags": []}], "bench_builds[0] must be a mapping with name and vars"),
+    ([{"name": "has space"}], "bench_builds[0].name 'has space': 1-40 letters"),
+    ([{"name": "a"}, {"name": "a"}], "bench_builds[1].name 'a' is used twice"),
+    ([{"name": "a", "vars": ["x"]}], "bench_builds[0].vars must be a mapping of llamacpp_build variables"),
+    ([{"name": "a", "vars": {"llama_server_port": 1}}], "bench_builds[0].vars: 'llama_server_port' is not a build "
+                                                        "setting (use llamacpp_build_source_type"),
+])
+def test_bad_builds_name_the_variable(tmp_path: Path, builds: Any, message: str) -> None:
+    out = fleet_bench.validate(settings(tmp_path, bench_builds=builds))
+    assert any(message in e for e in out["errors"]), out["errors"]
+    assert "points" not in out
+
+
 @pytest.mark.parametrize(("changes", "message"), [
-    ({"bench_policies": ["balanced", "fastest"]}, "bench_policies: unknown policy 'fastest'"),
+    ({"bench_policies": ["balanced", "fastest"]}, "bench_policies: unknown policy 'fastest' (use balanced, even, "
+                                                  "fewest_hops, fit, auto)"),
+    ({"bench_bandwidths_mbit": [100, -1]}, "bench_bandwidths_mbit: -1 is below 0"),
+    ({"bench_sweep_seconds": "a minute"}, "bench_sweep_seconds: 'a minute' is not a number"),
+    ({"bench_sweep_seconds": -60}, "bench_sweep_seconds: -60 is below 0"),
+    ({"bench_bandwidths_mbit": ["fast"]}, "bench_bandwidths_mbit: 'fast' is not a number"),
     ({"bench_policies": "balanced"}, "bench_policies must be a non-empty list"),
     ({"bench_latencies_ms": [0, -5]}, "bench_latencies_ms: -5 is below 0"),
     ({"bench_latencies_ms": [0, "ten"]}, "bench_latencies_ms: 'ten' is not a number"),
@@ -139,14 +187,17 @@ def test_a_point_is_measured_against_a_streaming_server_and_reported(tmp_path: P
     summary = fleet_bench.run_measure({
         "run_dir": run["run_dir"], "total": 4, "point": run["points"][0], "url": server.url,
         "repetitions": 2, "n_predict": 8, "sweep_n_predict": 4, "concurrency": [1, 2],
-        "plan": {"devices": [_dev("RPC0", 19)]},
+        "plan": {"devices": [_dev("RPC0", 19)], "policy": "fewest_hops"},
         "start_usec": "5000000", "loaded_line": "[ 7.500000] lab1 llama-server[1]: main: model loaded",
-        "proxy_hosts": ["lab2"], "proxy_stats": [{"bytes_to_upstream": 123456, "armed": True}]})
+        "proxy_hosts": ["lab2"], "proxy_stats": [{"bytes_to_upstream": 123456, "armed": True}],
+        "build_id": "0c1e57098bba-cpu-cc8d0a3f18"})
     assert summary["status"] == "ok" and summary["tok_s"] > 0
     assert summary["load_s"] == 2.5 and summary["bytes_per_worker"] == {"lab2": 123456} and summary["hops"] == 1
+    assert summary["plan_policy"] == "fewest_hops"
     assert summary["progress"].startswith("point 1/4 done, ")
     written = json.loads(Path(run["run_dir"], "points", "001.json").read_text())
     assert len(written["repetitions"]) == 2 and [s["clients"] for s in written["sweep"]] == [1, 2]
+    assert written["build_id"] == "0c1e57098bba-cpu-cc8d0a3f18"
     assert len(server.requests) == 2 + 1 + 2
     # the other points did not run: each says why
     for point, status in zip(run["points"][1:], ["does not fit: plan", "failed: boom", "timeout"]):
@@ -157,6 +208,19 @@ def test_a_point_is_measured_against_a_streaming_server_and_reported(tmp_path: P
         assert Path(report["files"][name]).stat().st_size > 0, name
     table = "\n".join(report["table"])
     assert "does not fit: plan" in table and "failed: boom" in table
+
+
+def test_a_timed_sweep_keeps_every_client_busy_for_its_seconds(tmp_path: Path, sse_server) -> None:
+    run = _run(tmp_path)
+    server = sse_server(body=(SSE / COMPLETION).read_text(encoding="utf-8"), gap=0.01)
+    fleet_bench.run_measure({"run_dir": run["run_dir"], "total": 4, "point": run["points"][0], "url": server.url,
+                             "repetitions": 1, "n_predict": 4, "sweep_n_predict": 4, "concurrency": [1, 3],
+                             "sweep_seconds": 1.0})
+    sweep = json.loads(Path(run["run_dir"], "points", "001.json").read_text())["sweep"]
+    assert [s["clients"] for s in sweep] == [1, 3]
+    for step in sweep:
+        # each client sends one request after another for the second: many more requests than clients
+        assert step["requests"] > 2 * step["clients"] and step["errors"] == 0 and step["wall_s"] >= 1.0, step
 
 
 def test_a_point_whose_completions_fail_is_written_as_failed(tmp_path: Path) -> None:

@@ -148,6 +148,26 @@ def test_markdown_names_policies_when_they_vary(tmp_path: Path) -> None:
     assert "| 2 | fewest_hops | 10 ms |" in md and "- fewest_hops: t_token ≈ 20.00 ms" in md
 
 
+def test_bandwidth_caps_get_their_own_lines_and_an_auto_plan_shows_what_it_chose(tmp_path: Path) -> None:
+    capped = matrix(policy="auto", nodes=(2,), latencies=(0, 10), k=0.5)
+    for p in capped:
+        p.bandwidth_mbit, p.plan_policy = 100.0, "fewest_hops"
+    points = matrix(policy="auto", nodes=(2,), latencies=(0, 10)) + capped
+    assert report.varying(points) == ["policy", "bandwidth"]  # the policy: auto turned into fewest_hops
+    md = report.markdown(points, fits(points))
+    assert "| nodes | policy | bandwidth | latency | tok/s |" in md
+    assert "| 2 | auto | – | 10 ms |" in md and "| 2 | auto → fewest_hops | 100 Mbit/s | 10 ms |" in md
+    assert "- auto 100 Mbit/s: t_token" in md  # a fit per cap
+    lines = report._series(points, "tok_s", 1.0)
+    assert set(lines) == {"2 nodes, auto", "2 nodes, auto, 100 Mbit/s"}
+    rows = report.csv_rows(points)
+    assert {(r["bandwidth_mbit"], r["plan_policy"]) for r in rows} == {(0.0, ""), (100.0, "fewest_hops")}
+    # the policy cell says what an auto plan turned into, once policies vary
+    other = matrix(policy="balanced", nodes=(2,), latencies=(10,))
+    md = report.markdown(capped + other, {})
+    assert "| 2 | auto → fewest_hops | 100 Mbit/s | 10 ms |" in md and "| 2 | balanced | – | 10 ms |" in md
+
+
 def test_main_renders_a_report_again_from_its_json(tmp_path: Path, capsys) -> None:
     first = write_report(matrix(noise=0.01), tmp_path / "a")
     assert report.main([str(first["results.json"]), "--out", str(tmp_path / "b")]) == 0

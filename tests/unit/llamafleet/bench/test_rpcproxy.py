@@ -355,6 +355,9 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     (["--listen", "8080"], "--listen '8080' is not HOST:PORT"),
     (["--upstream", "worker"], "--upstream 'worker' is not HOST:PORT"),
     (["--stats-interval", "0"], "--stats-interval must be a number of seconds above 0"),
+    (["--rate-mbit", "-1"], "--rate-mbit must be a number of 0 (no cap) or more"),
+    (["--rate-mbit", "nan"], "--rate-mbit must be a number of 0 (no cap) or more"),
+    (["--rate-mbit", "inf"], "--rate-mbit must be a number of 0 (no cap) or more"),
 ])
 def test_cli_refuses_bad_arguments(args: list[str], message: str) -> None:
     base = {"--listen": "127.0.0.1:50999", "--upstream": "127.0.0.1:1", "--delay-ms": "5", "--mode": "compute"}

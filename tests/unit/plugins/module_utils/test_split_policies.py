@@ -16,6 +16,7 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.split_policies 
     estimate_ms,
     even_counts,
     fewest_hops_counts,
+    worth_fewer_hops,
 )
 from ansible_collections.llamafleet.cluster.plugins.module_utils.split_units import MIB, PlanError
 
@@ -139,7 +140,8 @@ def four_equal(rtt: float | None) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("rtt, policy, counts", [
     (None, "balanced", [5, 5, 5, 4]),   # nothing measured: balanced stays balanced
     (0.0, "balanced", [5, 5, 5, 4]),    # a tie keeps balanced
-    (0.2, "fewest_hops", [19, 0, 0, 0]),
+    (0.2, "balanced", [5, 5, 5, 4]),    # 3 hops x 0.2 ms saved: under the 1 ms margin (a LAN's noise)
+    (0.5, "fewest_hops", [19, 0, 0, 0]),  # 1.5 ms of ~6 ms saved
     (5.0, "fewest_hops", [19, 0, 0, 0]),
 ])
 def test_balanced_switches_to_fewest_hops_when_round_trips_cost_more(
@@ -152,6 +154,17 @@ def test_balanced_switches_to_fewest_hops_when_round_trips_cost_more(
         assert choice["estimates"]["balanced"]["hops"] == 4 and choice["estimates"]["fewest_hops"]["hops"] == 1
     if policy == "fewest_hops":
         assert choice["reason"].startswith("balanced -> fewest_hops: 1 hop(s)")
+
+
+@pytest.mark.parametrize("balanced_ms, fewest_ms, worth", [
+    (6.0, 4.5, True),     # 1.5 ms, 25 %
+    (6.0, 5.2, False),    # 0.8 ms: under 1 ms
+    (40.0, 37.0, False),  # 3 ms but 7.5 %
+    (40.0, 36.0, True),   # 4 ms, 10 %
+    (5.0, 5.0, False),
+])
+def test_fewer_hops_must_win_by_a_clear_margin(balanced_ms: float, fewest_ms: float, worth: bool) -> None:
+    assert worth_fewer_hops(balanced_ms, fewest_ms) is worth
 
 
 @pytest.mark.parametrize("rtt, policy", [(1.0, "balanced"), (10.0, "fewest_hops")])

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ansible_collections.llamafleet.cluster.plugins.modules import gpu_facts
-from module_runner import run_main
+from module_runner import run_main, warning_messages
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gpu"
 DEV_RPC_SERVER = Path("/var/cache/llamafleet/dev/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/ggml-rpc-server")
@@ -75,7 +75,7 @@ def test_failing_tool_is_a_warning_or_with_strict_a_failure(fake_path: Path,
     assert result["tools"]["nvidia-smi"] == "failed"
     assert "couldn't communicate with the NVIDIA driver" in result["errors"][0]
     # ansible-core 2.19 reports warnings as {"event": {"msg": ...}}, older releases as plain strings
-    warnings = [w["event"]["msg"] if isinstance(w, dict) else w for w in result["warnings"]]
+    warnings = warning_messages(result)
     assert any("couldn't communicate" in w for w in warnings)
     rc, result = run_module({"backends": ["cuda", "cpu"], "strict": True}, capsys)
     assert rc == 1 and result["failed"]

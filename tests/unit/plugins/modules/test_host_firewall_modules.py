@@ -17,7 +17,7 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.constants impor
     HOST_FIREWALL_STATE,
 )
 from ansible_collections.llamafleet.cluster.plugins.modules import host_firewall, host_firewall_facts
-from module_runner import run_four, run_main
+from module_runner import run_four, run_main, warning_messages
 
 MODULES = Path(__file__).resolve().parents[4] / "plugins" / "modules"
 
@@ -76,7 +76,7 @@ def test_forgets_a_purged_manager_with_a_warning(host: FirewallHost, tmp_path: P
     host.firewalld = "absent"
     rc, result = apply(args, capsys)
     assert rc == 0 and result["changed"] is True and json.loads(state.read_text())["rules"] == []
-    messages = [w["event"]["msg"] if isinstance(w, dict) else w for w in result["warnings"]]
+    messages = warning_messages(result)
     assert any("firewalld is no longer installed" in m for m in messages)
     assert apply(args, capsys)[1]["changed"] is False
 

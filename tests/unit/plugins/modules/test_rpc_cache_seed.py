@@ -9,7 +9,7 @@ import pytest
 from gguf_testfile import write_gguf
 
 from ansible_collections.llamafleet.cluster.plugins.modules import rpc_cache_seed
-from module_runner import run_four, run_main
+from module_runner import run_four, run_main, warning_messages
 
 
 def run_module(args: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
@@ -45,7 +45,7 @@ def test_fallback_warning(model: Path, tmp_path: Path, capsys: pytest.CaptureFix
     rc, result = run_module(args, capsys)
     assert rc == 0 and result["hasher"] == "python"
     # ansible-core 2.19 reports warnings as {"event": {"msg": ...}}, older releases as plain strings
-    messages = [w["event"]["msg"] if isinstance(w, dict) else w for w in result["warnings"]]
+    messages = warning_messages(result)
     assert any("missing-helper" in m and "hashing in Python" in m for m in messages)
 
 
