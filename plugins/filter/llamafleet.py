@@ -105,7 +105,7 @@ def llamafleet_rpc_server_endpoints(instances, rpc_devices, host, address):
 
 
 def llamafleet_build_identity(settings, facts, recipe):
-    """``{id, label, cmake}`` of a llama.cpp build (see module_utils/llamacpp_build.py)."""
+    """``{id, label, cmake, source}`` of a llama.cpp build (see module_utils/llamacpp_build.py)."""
     try:
         return build_identity(settings, facts, recipe)
     except (BuildSettingsError, TypeError) as exc:
