@@ -279,6 +279,13 @@ def explain_plan(plan: Mapping[str, Any], choice: Mapping[str, Any], model: Mapp
         warnings.append("the model at ctx_size %d needs %.0f MiB with KV and compute margins, the devices have %d "
                         "MiB usable: llama.cpp's fit will keep layers on %s's CPU"
                         % (plan["ctx_size"], plan["totals"]["total_mib"], plan["totals"]["usable_mib"], where))
+    if plan["kv_unified"] and plan["n_parallel"] > 1 and plan["kv_cells"] // plan["n_parallel"] < MIN_SLOT_CTX:
+        # measured on the lab: 16 slots sharing 2048 cells, 16 clients of ~130 tokens each, every request failed
+        warnings.append("%d slots share a KV cache of %d tokens, %d per slot when all are busy: requests fail with "
+                        "'Context size has been exceeded' once the busy slots fill it; raise ctx_size to %d "
+                        "(llama_server_ctx_size) or lower n_parallel (llama_server_parallel)"
+                        % (plan["n_parallel"], plan["kv_cells"], plan["kv_cells"] // plan["n_parallel"],
+                           plan["n_parallel"] * MIN_SLOT_CTX))
     _check_orchestrator_ram(orchestrator, plan["host_mib"], warnings)
     return lines, warnings
 

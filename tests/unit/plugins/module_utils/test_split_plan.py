@@ -286,6 +286,22 @@ def test_explanation_of_the_slots(ctx: int, n_parallel: int, unified: bool, line
     assert plan["explanation"][1] == line
 
 
+@pytest.mark.parametrize("ctx, n_parallel, warned", [
+    (2048, 16, True),   # 128 per slot: what failed every request of 16 clients on the lab
+    (8192, 16, False),  # 512 each
+    (2048, 4, False),
+    (2048, 0, False),   # auto keeps 512 per slot
+])
+def test_a_shared_cache_too_small_for_its_busy_slots_is_warned_about(ctx: int, n_parallel: int, warned: bool) -> None:
+    plan = plan_split([worker("w1", cpu(64000))], None, GEMMA, ctx_size=ctx, n_parallel=n_parallel, kv_unified=True,
+                      compute_mib=32)
+    found = [w for w in plan["warnings"] if "Context size has been exceeded" in w]
+    assert bool(found) is warned
+    if warned:
+        assert found[0].startswith("16 slots share a KV cache of 2048 tokens, 128 per slot when all are busy")
+        assert "raise ctx_size to 8192 (llama_server_ctx_size)" in found[0]
+
+
 def test_slots_that_a_split_cache_cannot_hold_are_refused_by_the_planner() -> None:
     with pytest.raises(PlanError, match="llama_server_parallel.*llama_server_ctx_size"):
         plan_split([worker("w1", cpu(4000))], None, GEMMA, ctx_size=1024, n_parallel=8, kv_unified=False)
