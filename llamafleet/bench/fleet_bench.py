@@ -24,6 +24,7 @@ standard input and print one JSON object:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -197,27 +198,21 @@ def validate(settings: dict[str, Any]) -> dict[str, Any]:
     run_dir = Path(results_dir).resolve() / str(settings.get("run_id") or time.strftime("%Y%m%dT%H%M%S"))
     (run_dir / POINTS_DIR).mkdir(parents=True, exist_ok=True)
     (run_dir / START_FILE).write_text("%f\n" % time.time(), encoding="utf-8")
-    points = []
-    for build in [b["name"] for b in builds] or [""]:
-        for point in matrix(workers, counts, latencies, list(policies), bandwidths):
-            points.append(dict(point, index=len(points) + 1, build=build))
+    points = matrix(workers, counts, latencies, list(policies), bandwidths, [b["name"] for b in builds])
     return {"errors": [], "run_dir": str(run_dir), "points": points, "builds": builds,
             "build_keys": sorted({key for b in builds for key in b["vars"]}),
             "groups": [{"group": GROUP % n, "workers": workers[:n]} for n in sorted(set(counts))]}
 
 
 def matrix(workers: list[str], counts: list[int], latencies: list[float], policies: list[str],
-           bandwidths: list[float] | None = None) -> list[dict[str, Any]]:
-    """The points, numbered from 1: each count × policy × bandwidth cap (0: none) × latency (latency varies
-    fastest)."""
+           bandwidths: list[float] | None = None, builds: list[str] | None = None) -> list[dict[str, Any]]:
+    """The points, numbered from 1: each build ("": the deployed one) × count × policy × bandwidth cap (0: none)
+    × latency (latency varies fastest)."""
     points = []
-    for n in counts:
-        for policy in policies:
-            for bandwidth in bandwidths or [0.0]:
-                for latency in latencies:
-                    points.append({"index": len(points) + 1, "nodes": n, "workers": workers[:n],
-                                   "group": GROUP % n, "latency_ms": latency, "policy": policy,
-                                   "bandwidth_mbit": bandwidth})
+    for build, n, policy, bandwidth, latency in itertools.product(builds or [""], counts, policies,
+                                                                  bandwidths or [0.0], latencies):
+        points.append({"index": len(points) + 1, "nodes": n, "workers": workers[:n], "group": GROUP % n,
+                       "latency_ms": latency, "policy": policy, "bandwidth_mbit": bandwidth, "build": build})
     return points
 
 

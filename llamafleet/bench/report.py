@@ -94,6 +94,11 @@ class Point:
         return "%g Mbit/s" % self.bandwidth_mbit if self.bandwidth_mbit else ""
 
     @property
+    def switched(self) -> bool:
+        """Whether the plan became another policy than the one asked (auto, or balanced, to fewest_hops)."""
+        return bool(self.plan_policy) and self.plan_policy != self.policy
+
+    @property
     def group(self) -> tuple[str, ...]:
         """What a baseline and a fit are taken within: its value of each VARIANTS."""
         return tuple(getattr(self, name) for name in VARIANTS)
@@ -221,7 +226,7 @@ def _varies(points: list[Point], attr: str) -> bool:
 def varying(points: list[Point]) -> list[str]:
     """The VARIANTS whose value differs between the points; the policy also when a plan turned into another one
     (auto, balanced with round trips, becoming fewest_hops), so tables show it."""
-    switched = any(p.plan_policy and p.plan_policy != p.policy for p in points)
+    switched = any(p.switched for p in points)
     return [name for name in VARIANTS if _varies(points, name) or (name == "policy" and switched)]
 
 
@@ -229,7 +234,7 @@ def variant_cell(point: Point, name: str) -> str:
     """A table cell for one of VARIANTS: ``–`` when the point has none (uncapped, the deployed build); the plan
     a policy turned into when that differs (``balanced → fewest_hops``)."""
     value = getattr(point, name) or "–"
-    if name == "policy" and point.plan_policy and point.plan_policy != point.policy:
+    if name == "policy" and point.switched:
         value += " → " + point.plan_policy
     return value
 

@@ -27,45 +27,11 @@ import os
 import select
 import socket
 import statistics
-import struct
 import time
 from typing import Any, Iterable, Mapping
 
-ECHO_REQUEST = {False: 8, True: 128}
-ECHO_REPLY = {False: 0, True: 129}
-PAYLOAD = b"llamafleet-rtt"
-
-
-def checksum(data: bytes) -> int:
-    """The Internet checksum (RFC 1071) of ``data``."""
-    if len(data) % 2:
-        data += b"\0"
-    total = sum(struct.unpack("!%dH" % (len(data) // 2), data))
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return ~total & 0xFFFF
-
-
-def echo_request(ident: int, seq: int, ipv6: bool = False) -> bytes:
-    """An ICMP(v6) echo request with its checksum (the kernel fills in ICMPv6's, and a datagram socket's id)."""
-    header = struct.pack("!BBHHH", ECHO_REQUEST[ipv6], 0, 0, ident & 0xFFFF, seq & 0xFFFF)
-    if ipv6:
-        return header + PAYLOAD
-    return struct.pack("!BBHHH", ECHO_REQUEST[ipv6], 0, checksum(header + PAYLOAD), ident & 0xFFFF,
-                       seq & 0xFFFF) + PAYLOAD
-
-
-def echo_reply_of(packet: bytes, ipv6: bool, with_ip_header: bool) -> tuple[int, int] | None:
-    """(identifier, sequence) of an echo reply as a socket returns it (a raw IPv4 socket with the IP header
-    first), None for anything else."""
-    if with_ip_header:
-        if not packet:
-            return None
-        packet = packet[(packet[0] & 0x0F) * 4:]
-    if len(packet) < 8 or packet[0] != ECHO_REPLY[ipv6] or packet[1] != 0:
-        return None
-    ident, seq = struct.unpack("!HH", packet[4:8])
-    return ident, seq
+# the packets are the gate's (its ping tells a lost worker host from a computing one)
+from .serving_gate import echo_reply_of, echo_request
 
 
 def _open(family: int, ipv6: bool) -> tuple[socket.socket, bool]:
@@ -92,7 +58,7 @@ def ping_ms(address: str, count: int = 5, timeout: float = 1.0, interval: float 
             ident = sock.getsockname()[1] & 0xFFFF
         for seq in range(1, count + 1):
             started = time.perf_counter()
-            sock.send(echo_request(ident, seq, ipv6))
+            sock.send(echo_request(seq, ipv6, ident))
             deadline = started + timeout
             while True:
                 left = deadline - time.perf_counter()

@@ -50,6 +50,7 @@ import re
 import signal
 import socket
 import ssl
+import struct
 import subprocess
 import sys
 import tempfile
@@ -743,21 +744,51 @@ def awaiting_workers(links: dict[str, dict[str, Any]] | None, stall_seconds: flo
     return sorted(name for name, info in (links or {}).items() if info["awaiting_ms"] >= stall_seconds * 1000)
 
 
-# ICMP echo over an unprivileged datagram socket (Linux: the group must be in net.ipv4.ping_group_range, which
-# systemd's defaults open to every group; the kernel sets the identifier and the checksum).
+# ICMP echo. The gate pings from an unprivileged datagram socket (Linux: the group must be in
+# net.ipv4.ping_group_range; the kernel sets the identifier and the checksum). The link_rtt module pings from a
+# raw socket as root and builds and reads the same packets (with its own identifier, the IP header first).
 ICMP_ECHO = {False: (8, 0), True: (128, 129)}  # ipv6 -> (request type, reply type)
+ECHO_PAYLOAD = b"llamafleet-gate"
 
 
-def echo_request(seq: int, ipv6: bool = False) -> bytes:
-    """An ICMP(v6) echo request for a datagram ICMP socket (identifier and checksum left to the kernel)."""
+def icmp_checksum(data: bytes) -> int:
+    """The Internet checksum (RFC 1071) of ``data``."""
+    if len(data) % 2:
+        data += b"\0"
+    total = sum(struct.unpack("!%dH" % (len(data) // 2), data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def echo_request(seq: int, ipv6: bool = False, ident: int = 0) -> bytes:
+    """An ICMP(v6) echo request: IPv4 with its checksum (a raw socket sends it as it is); ICMPv6's checksum and a
+    datagram socket's identifier are the kernel's."""
     kind, _reply = ICMP_ECHO[ipv6]
-    return bytes((kind, 0, 0, 0, 0, 0, (seq >> 8) & 0xFF, seq & 0xFF)) + b"llamafleet-gate"
+    header = struct.pack("!BBHHH", kind, 0, 0, ident & 0xFFFF, seq & 0xFFFF)
+    if not ipv6:
+        header = header[:2] + struct.pack("!H", icmp_checksum(header + ECHO_PAYLOAD)) + header[4:]
+    return header + ECHO_PAYLOAD
+
+
+def echo_reply_of(packet: bytes, ipv6: bool = False, with_ip_header: bool = False) -> tuple[int, int] | None:
+    """(identifier, sequence) of an echo reply as a socket returns it (a raw IPv4 socket: the IP header first),
+    None for anything else."""
+    if with_ip_header:
+        if not packet:
+            return None
+        packet = packet[(packet[0] & 0x0F) * 4:]
+    _kind, reply = ICMP_ECHO[ipv6]
+    if len(packet) < 8 or packet[0] != reply or packet[1] != 0:
+        return None
+    ident, seq = struct.unpack("!HH", packet[4:8])
+    return ident, seq
 
 
 def is_echo_reply(data: bytes, seq: int, ipv6: bool = False) -> bool:
     """True when ``data`` (as a datagram ICMP socket returns it, no IP header) is the reply to ``seq``."""
-    _kind, reply = ICMP_ECHO[ipv6]
-    return len(data) >= 8 and data[0] == reply and data[6] == (seq >> 8) & 0xFF and data[7] == seq & 0xFF
+    got = echo_reply_of(data, ipv6)
+    return got is not None and got[1] == seq & 0xFFFF
 
 
 def count_stalls(previous: dict[str, int], links: dict[str, dict[str, Any]] | None) -> dict[str, int]:

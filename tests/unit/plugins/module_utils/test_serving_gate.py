@@ -10,6 +10,7 @@ import re
 import shutil
 import socket
 import ssl
+import struct
 import subprocess
 import sys
 import time
@@ -172,6 +173,45 @@ def test_echo_request_and_reply(ipv6: bool) -> None:
     reply = bytes((129 if ipv6 else 0,)) + request[1:]
     assert sg.is_echo_reply(reply, 0x1234, ipv6) and not sg.is_echo_reply(reply, 0x1235, ipv6)
     assert not sg.is_echo_reply(request, 0x1234, ipv6) and not sg.is_echo_reply(reply[:7], 0x1234, ipv6)
+
+
+@pytest.mark.parametrize("data, expected", [
+    # RFC 1071's worked example: 0001 f203 f4f5 f6f7 sums to ddf2, checksum 220d
+    (bytes.fromhex("0001f203f4f5f6f7"), 0x220D),
+    (b"", 0xFFFF),
+    (b"\x01", 0xFEFF),  # odd length: padded with a zero byte
+])
+def test_icmp_checksum(data: bytes, expected: int) -> None:
+    assert sg.icmp_checksum(data) == expected
+
+
+def test_an_ipv4_request_checks_out_and_carries_id_and_sequence() -> None:
+    packet = sg.echo_request(7, ident=0x1234)
+    assert packet[0] == 8 and sg.icmp_checksum(packet) == 0  # a correct checksum sums to zero
+    assert struct.unpack("!HH", packet[4:8]) == (0x1234, 7)
+
+
+def test_ipv6_request_leaves_the_checksum_to_the_kernel() -> None:
+    packet = sg.echo_request(2, ipv6=True, ident=1)
+    assert packet[0] == 128 and packet[2:4] == b"\0\0"
+
+
+def reply(ident: int, seq: int, kind: int = 0) -> bytes:
+    return struct.pack("!BBHHH", kind, 0, 0, ident, seq) + b"x"
+
+
+@pytest.mark.parametrize("packet, ipv6, header, expected", [
+    (reply(5, 9), False, False, (5, 9)),
+    (bytes([0x45]) + b"\0" * 19 + reply(5, 9), False, True, (5, 9)),        # raw IPv4: 20-byte header first
+    (bytes([0x46]) + b"\0" * 23 + reply(5, 9), False, True, (5, 9)),        # with IP options (IHL 6)
+    (reply(5, 9, kind=8), False, False, None),                               # our own request, looped back
+    (reply(5, 9, kind=129), True, False, (5, 9)),
+    (reply(5, 9, kind=0), True, False, None),                                # not ICMPv6's echo reply
+    (b"\0\0\0", False, False, None),
+    (b"", False, True, None),
+])
+def test_reply_parsing(packet: bytes, ipv6: bool, header: bool, expected: tuple[int, int] | None) -> None:
+    assert sg.echo_reply_of(packet, ipv6, header) == expected
 
 
 ECHO_PROGRAM = """
