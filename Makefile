@@ -16,7 +16,6 @@ VENV_KEY := $(shell (cat $(LOCK) requirements/model.txt; echo $(CURDIR)) | sha25
 VENV    ?= $(CACHE)/venv-$(VENV_KEY)
 BIN     := $(VENV)/bin
 HOSTS   ?= 3
-COLL    := .build/collections/ansible_collections/llamafleet/cluster
 export PATH := $(CURDIR)/$(BIN):$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export LLAMAFLEET_CACHE := $(CACHE)
@@ -24,7 +23,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 DEBIAN_PACKAGES := systemd-container debootstrap openssh-client iproute2 ccache curl rsync gcc make git
 
-.PHONY: help demo test deps venv collection lint sanity unit lab-test e2e-test partition-test llamacpp-local-test molecule-test bench clean-lab
+.PHONY: help demo test deps venv lint sanity unit lab-test e2e-test partition-test llamacpp-local-test molecule-test bench clean-lab
 
 help:
 	@echo "make demo   - real 3-host lab on this machine, deploy, a completion from the distributed cluster"
@@ -50,20 +49,16 @@ venv: deps $(BIN)/.installed
 	@$(BIN)/pip install -q --no-deps -e . >/dev/null 2>&1 || $(BIN)/pip install --no-deps -e .
 	@echo "==> virtual environment ready: $(VENV)"
 
-collection:
-	@mkdir -p $(dir $(COLL))
-	@ln -sfn $(CURDIR) $(COLL)
-
-demo: venv collection
+demo: venv
 	@$(BIN)/llamafleet demo --hosts $(HOSTS)
 
-unit: venv collection
+unit: venv
 	@echo "==> unit tests"
 	@$(BIN)/pytest -q tests/unit
 
 # ansible-lint adds the user's own collection folders to ansible.cfg's: a llamafleet.cluster
 # installed there (from a tarball, say) would shadow this checkout's modules. It gets a HOME of its own.
-lint: venv collection
+lint: venv
 	@echo "==> ansible-lint (production profile)"
 	@mkdir -p $(CACHE)/lint-home && HOME=$(CACHE)/lint-home $(BIN)/ansible-lint --profile production --offline
 	@echo "==> yamllint"
@@ -73,7 +68,7 @@ lint: venv collection
 # copy under .../ansible_collections/llamafleet/cluster as ansible-test requires.
 # Its pip bootstrap normally comes from ci-files.testing.ansible.com; where only
 # PyPI is reachable, tests/sanity/get_pip_offline.py does the same job.
-SANITY_EXCLUDE := ^(llamafleet/|benchmarks/|extensions/|tests/(integration|e2e|helpers\.py|__init__\.py|unit/llamafleet/|output/)|requirements/|pyproject\.toml|Makefile|\.ci/)
+SANITY_EXCLUDE := ^(collections/|llamafleet/|benchmarks/|extensions/|tests/(integration|e2e|helpers\.py|__init__\.py|unit/llamafleet/|output/)|requirements/|pyproject\.toml|Makefile|\.ci/)
 
 sanity: venv
 	@echo "==> ansible-test sanity (collection content, Python 3.11)"
@@ -85,22 +80,22 @@ sanity: venv
 	  grep -Ev '^(WARNING: Using locale|WARNING: Location|Looking in|Collecting|Downloading|Installing|Successfully|Processing|  |Requirement)' $$tmp/sanity.log || true; \
 	  rm -rf $$tmp; exit $$rc
 
-lab-test: venv collection
+lab-test: venv
 	@echo "==> lab integration tests (real hosts)"
 	@$(BIN)/pytest -q -m "lab and not e2e" tests/integration/test_lab.py
 
-e2e-test: venv collection
+e2e-test: venv
 	@echo "==> end-to-end tests: deploy.yml on a 3-host lab (compiles llama.cpp once unless the controller caches it)"
 	@$(BIN)/pytest -q tests/e2e
 
 # The 2-minute silent partition of tests/e2e/test_faults.py: run on its own (see the test's note).
-partition-test: venv collection
+partition-test: venv
 	@echo "==> silent partition fault test (3-host lab)"
 	@LLAMAFLEET_PARTITION_TEST=1 $(BIN)/pytest -q -s tests/e2e/test_faults.py -k partition
 
 # llama.cpp binaries for the local tests: the controller's artifact cache holds
 # what the deploy built for these hosts, which are Debian 12 like this machine.
-llamacpp-local-test: venv collection
+llamacpp-local-test: venv
 	@echo "==> llama.cpp hash and HELLO compatibility tests (binaries from the deploy's artifact cache)"
 	@art=$$(ls -t $(CACHE)/artifacts/*-cpu-*.tar.gz 2>/dev/null | head -n 1); \
 	  if [ -z "$$art" ]; then echo "no llama.cpp artifact in $(CACHE)/artifacts: run make e2e-test first"; exit 1; fi; \
@@ -108,15 +103,15 @@ llamacpp-local-test: venv collection
 	  LLAMAFLEET_LLAMACPP_BIN=$(CURDIR)/.build/llamacpp/bin LLAMAFLEET_FNV_HELPER=$(CURDIR)/.build/llamacpp/bin/llamafleet-fnv1a64 \
 	  $(BIN)/pytest -q tests/integration/test_llamacpp_local.py tests/integration/test_rpcproxy_local.py
 
-molecule-test: venv collection
+molecule-test: venv
 	@echo "==> molecule scenarios on lab hosts (delegated driver: create/destroy are lab up/down)"
 	@for s in model rpc_server; do $(BIN)/molecule test -s $$s || exit 1; done
 
-test: venv collection
+test: venv
 	@$(MAKE) --no-print-directory unit lint sanity lab-test e2e-test llamacpp-local-test molecule-test
 	@echo "==> all tests passed"
 
-bench: venv collection
+bench: venv
 	@$(BIN)/python benchmarks/lab_speed.py
 	@$(BIN)/llamafleet lab up
 	@$(BIN)/ansible-playbook playbooks/deploy.yml

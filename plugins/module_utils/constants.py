@@ -77,6 +77,10 @@ CONFIG_DIR = "/etc/llamafleet"
 PLAN_PATH = CONFIG_DIR + "/plan.json"
 # llama-server's API key (given or generated on the first deploy), service user 0600.
 API_KEY_PATH = CONFIG_DIR + "/llama-server.key"
+# The deployment record (module_utils/deployment_record.py): what the roles made on this host (units, ports,
+# paths, users, build, plan, endpoint), versioned JSON; the CLI, bench and teardown read it instead of constants.
+DEPLOYMENT_RECORD_PATH = CONFIG_DIR + "/deployment.json"
+DEPLOYMENT_RECORD_SCHEMA = 1
 # The workers' nftables rules (rpc_server_firewall).
 RPC_FIREWALL_RULES = CONFIG_DIR + "/rpc-firewall.nft"
 # Where firewalld or ufw also filters (rpc_server_host_firewall, module_utils/host_firewall.py): the rules

@@ -1,10 +1,9 @@
 """Unit-test plumbing: the collection import path, and a tiny GGUF writer for test files.
 
 Modules and module_utils import each other as
-``ansible_collections.llamafleet.cluster.plugins...``; ``make collection`` links
-the checkout at .build/collections/ansible_collections/llamafleet/cluster, and
-this conftest does the same when the link is missing, then puts
-.build/collections on sys.path.
+``ansible_collections.llamafleet.cluster.plugins...``; the checkout links itself
+at collections/ansible_collections/llamafleet/cluster (committed), and this conftest
+puts collections/ on sys.path.
 
 The library's tests live in tests/unit/llamafleet/, mirroring the package; pytest puts
 tests/unit on sys.path, where that directory would pass for a namespace package
@@ -21,15 +20,7 @@ from typing import Any, Callable, Iterator, Sequence
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-COLLECTIONS = REPO / ".build" / "collections"
-_LINK = COLLECTIONS / "ansible_collections" / "llamafleet" / "cluster"
-
-if not _LINK.exists():
-    _LINK.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        _LINK.symlink_to(REPO, target_is_directory=True)
-    except FileExistsError:  # another test process made it first
-        pass
+COLLECTIONS = REPO / "collections"
 for _entry in (str(COLLECTIONS), str(Path(__file__).resolve().parent)):
     if _entry not in sys.path:
         sys.path.insert(0, _entry)
