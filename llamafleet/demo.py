@@ -73,6 +73,9 @@ def placement_lines(plan: dict, log_text: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from .lab.core import Lab
+    from .lab.paths import require_checkout
+
+    require_checkout("llamafleet demo")
 
     lab = Lab(hosts=args.hosts)
     print(f"==> bringing up a lab of {args.hosts} real hosts (systemd-nspawn, systemd, sshd)", flush=True)

@@ -1,8 +1,10 @@
 """A fleet read from an Ansible inventory, driven over SSH with fabric.
 
-The inventory is the single description of the fleet: ``ansible-inventory``
-resolves it (groups, host and group vars) and this module only reads the
-result, so the CLI sees exactly the hosts and addresses the playbooks see.
+The inventory is the single description of the fleet: Ansible's own inventory, variable and
+templating API reads it (groups, host and group vars, vault, Jinja), so the CLI sees exactly the
+hosts, addresses and values the playbooks see.  A value is templated when it is read, with the
+host's inventory variables; one that needs a fact or a vault password the CLI was not given is a
+``UserError`` naming the host and the variable.
 
 Commands run on every host at once; results and errors are collected per host
 (like fabric's ``GroupResult``) instead of stopping at the first unreachable host.
@@ -70,23 +72,25 @@ class Host:
     # Whether the ssh arguments say StrictHostKeyChecking=no/off (not honoured; named in the error).
     strict_off: bool = False
     vars: dict[str, Any] = field(default_factory=dict)
+    # Templates one of ``vars`` (Jinja and vault) as Ansible would for this host; None: values are used as written.
+    resolve: Callable[[str], Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def cluster_address(self) -> str:
         return str(self.var("llamafleet_cluster_address", self.address))
 
     def var(self, name: str, default: Any = None) -> Any:
-        """The inventory value of ``name``, or ``default`` (the role default) when unset or empty.
-
-        ``ansible-inventory`` does not template values, so a Jinja expression cannot be used as is.
-        """
-        value = self.vars.get(name)
-        if value is None or value == "":
+        """The inventory value of ``name``, templated, or ``default`` (the role default) when unset or empty."""
+        if self.vars.get(name) is None:
             return default
-        if isinstance(value, str) and "{{" in value:
-            raise UserError(f"{self.name}: {name} is a Jinja expression ({value!r}); the CLI reads inventory values "
-                            "as written: set it to a literal value in the inventory")
-        return value
+        if self.resolve is not None:
+            value = self.resolve(name)
+        else:
+            value = self.vars[name]
+            if isinstance(value, str) and ("{{" in value or "{%" in value):
+                raise UserError(f"{self.name}: {name} is a Jinja expression ({value!r}) and this fleet was read "
+                                "without Ansible's templating: read the inventory with Fleet.from_inventory")
+        return default if value is None or value == "" else value
 
 
 @dataclass
@@ -255,21 +259,24 @@ def group_members(data: dict[str, Any], group: str, seen: set[str] | None = None
     return out
 
 
-def host_from_vars(name: str, hostvars: dict[str, Any]) -> Host:
-    """A Host from its inventory variables (connection settings as Ansible reads them)."""
-    ssh_args = " ".join(str(hostvars.get(k, "")) for k in ("ansible_ssh_common_args", "ansible_ssh_extra_args"))
+def host_from_vars(name: str, hostvars: dict[str, Any], resolve: Callable[[str], Any] | None = None) -> Host:
+    """A Host from its inventory variables (connection settings as Ansible reads them, templated by ``resolve``)."""
+    host = Host(name=name, address=name, vars=hostvars, resolve=resolve)
+    ssh_args = " ".join(str(host.var(k, "")) for k in ("ansible_ssh_common_args", "ansible_ssh_extra_args"))
     strict = (_ssh_option(ssh_args, "StrictHostKeyChecking") or "").lower()
-    return Host(
-        name=name,
-        address=str(hostvars.get("ansible_host", name)),
-        user=str(hostvars.get("ansible_user", "root")),
-        port=int(hostvars.get("ansible_port", 22)),
-        key_file=hostvars.get("ansible_ssh_private_key_file"),
-        known_hosts=tuple((_ssh_option(ssh_args, "UserKnownHostsFile") or "").split()),
-        global_known_hosts=tuple((_ssh_option(ssh_args, "GlobalKnownHostsFile") or "").split()),
-        strict_off=strict in ("no", "off", "false"),
-        vars=hostvars,
-    )
+    host.address = str(host.var("ansible_host", name))
+    host.user = str(host.var("ansible_user", "root"))
+    port = host.var("ansible_port", 22)
+    try:
+        host.port = int(port)
+    except (TypeError, ValueError):
+        raise UserError(f"{name}: ansible_port is {port!r}, not a port number") from None
+    key_file = host.var("ansible_ssh_private_key_file")
+    host.key_file = str(key_file) if key_file else None
+    host.known_hosts = tuple((_ssh_option(ssh_args, "UserKnownHostsFile") or "").split())
+    host.global_known_hosts = tuple((_ssh_option(ssh_args, "GlobalKnownHostsFile") or "").split())
+    host.strict_off = strict in ("no", "off", "false")
+    return host
 
 
 class _RejectUnknown:
@@ -339,18 +346,23 @@ class Fleet:
         self.connect = connect
 
     @classmethod
-    def from_inventory(cls, inventory: str | Path) -> Fleet:
-        if not Path(inventory).exists():
-            raise UserError(f"inventory {inventory} does not exist (for the lab: llamafleet lab up)")
-        proc = subprocess.run([tool("ansible-inventory"), "-i", str(inventory), "--list"],
-                              capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise UserError(f"ansible-inventory could not read {inventory}: {proc.stderr.strip()}")
-        return cls.from_inventory_json(json.loads(proc.stdout))
+    def from_inventory(cls, inventory: str | Path | None = None, vault_password_files: Iterable[str] = (),
+                       connect: Connect = fabric_connection) -> Fleet:
+        """The fleet of an Ansible inventory (default: Ansible's configured one), read by Ansible itself.
+
+        Vault passwords come from ``vault_password_files``, else from Ansible's configuration
+        (``ANSIBLE_VAULT_PASSWORD_FILE``, ``vault_password_file``/``vault_identity_list`` in ansible.cfg);
+        nothing is ever prompted for.
+        """
+        from .inventory import read_inventory  # imports ansible: only when an inventory is read
+
+        groups, hosts = read_inventory(inventory, vault_password_files)
+        return cls({name: host_from_vars(name, raw, resolve) for name, (raw, resolve) in hosts.items()},
+                   groups, connect)
 
     @classmethod
     def from_inventory_json(cls, data: dict[str, Any], connect: Connect = fabric_connection) -> Fleet:
-        """The fleet of ``ansible-inventory --list`` output."""
+        """The fleet of ``ansible-inventory --list`` output, values as written (tests, recorded inventories)."""
         hostvars = data.get("_meta", {}).get("hostvars", {})
         groups = {group: group_members(data, group) for group in data if group != "_meta"}
         names = dict.fromkeys([*hostvars, *(h for members in groups.values() for h in members)])

@@ -13,19 +13,27 @@ from typing import Any
 from .core.serving_gate import DOWN, LOADING, SERVING
 from .errors import UserError
 from .fleet import Fleet
-from .lab.paths import DEFAULT_INVENTORY_DIR
 from .layout import host_layout
 from .probe import Link, probe_links
 from .status import fleet_status, is_bad, journal_command
 
-DEFAULT_INVENTORY = DEFAULT_INVENTORY_DIR / "hosts.ini"
+
+
+def with_inventory(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``-i INVENTORY`` and ``--vault-password-file FILE``, read as ansible-playbook reads them."""
+    p.add_argument("-i", "--inventory", default=None,
+                   help="Ansible inventory (default: Ansible's configured one: ANSIBLE_INVENTORY or ansible.cfg)")
+    p.add_argument("--vault-password-file", action="append", default=[], metavar="FILE",
+                   help="vault password file for vaulted inventory values (default: Ansible's configuration)")
+    return p
+
+
+def fleet_of(args: argparse.Namespace) -> Fleet:
+    """The fleet of the command line's inventory."""
+    return Fleet.from_inventory(args.inventory, args.vault_password_file)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    def with_inventory(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("-i", "--inventory", default=str(DEFAULT_INVENTORY), help="Ansible inventory (default: the lab's)")
-        return p
-
     p = with_inventory(subparsers.add_parser(
         "status", help="the fleet at a glance: units, builds, caches, health, the gate and the worker links"))
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -92,7 +100,7 @@ def status_line(row: dict[str, Any]) -> str:
 
 
 def status(args: argparse.Namespace) -> int:
-    rows = fleet_status(Fleet.from_inventory(args.inventory))
+    rows = fleet_status(fleet_of(args))
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
@@ -103,9 +111,9 @@ def status(args: argparse.Namespace) -> int:
 
 
 def logs(args: argparse.Namespace) -> int:
-    fleet = Fleet.from_inventory(args.inventory)
+    fleet = fleet_of(args)
     if args.host not in fleet.hosts:
-        raise UserError(f"{args.host} is not in {args.inventory} (hosts: {', '.join(sorted(fleet.hosts))})")
+        raise UserError(f"{args.host} is not in the inventory (hosts: {', '.join(sorted(fleet.hosts))})")
     host = fleet.hosts[args.host]
     print(fleet.run_one(journal_command(host_layout(fleet, host), args.lines), host, what="journalctl"), end="")
     return 0
@@ -123,7 +131,7 @@ def probe_line(link: Link) -> str:
 
 def probe(args: argparse.Namespace) -> int:
     """Measure each orchestrator -> worker link with real TCP traffic on the cluster addresses."""
-    fleet = Fleet.from_inventory(args.inventory)
+    fleet = fleet_of(args)
     print(PROBE_HEADER, flush=True)
     failures = 0
     for link in probe_links(fleet, args.megabytes, args.port):

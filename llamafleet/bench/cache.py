@@ -30,13 +30,11 @@ from .runner import (
 
 # The weight cache of a worker with the roles' defaults (each worker's own comes from its rpc_server_home).
 CACHE_DIR = constants.rpc_cache_dir()
-REPO = Path(__file__).resolve().parents[2]
 
 
 def ansible_module(inventory: Path, hosts: str, module: str, args: dict) -> None:
     cmd = [tool("ansible"), hosts, "-i", str(inventory), "-m", module, "-a", json.dumps(args)]
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise UserError(f"ansible {module} on {hosts} failed:\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}")
 

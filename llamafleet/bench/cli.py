@@ -8,13 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..fleet import Fleet
-from ..fleet_cli import DEFAULT_INVENTORY
+from ..fleet_cli import fleet_of, with_inventory
+from ..inventory import default_sources
 from ..lab.paths import cache_root
 from .runner import write_results
 
-DEFAULT_OUT = Path(__file__).resolve().parents[2] / "bench-results"
-PLAYBOOK = Path(__file__).resolve().parents[2] / "playbooks" / "bench.yml"
+# Results go beside the user, not into the installed package.
+DEFAULT_OUT = Path("bench-results")
+# The collection's playbook, by name: from this checkout (ansible.cfg) or wherever the collection is installed.
+PLAYBOOK = "llamafleet.cluster.bench"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,14 +45,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_fleet)
 
     for p in sub.choices.values():
-        p.add_argument("-i", "--inventory", default=str(DEFAULT_INVENTORY))
+        with_inventory(p)
         p.add_argument("--out", default=str(DEFAULT_OUT), help="directory for the JSON and Markdown results")
 
 
 def _split(args: argparse.Namespace) -> int:
     from . import split
 
-    fleet = Fleet.from_inventory(args.inventory)
+    fleet = fleet_of(args)
     rows = split.run(fleet, runs=args.runs)
     text = split.table(rows)
     print(text)
@@ -61,17 +63,18 @@ def _split(args: argparse.Namespace) -> int:
 def _cache(args: argparse.Namespace) -> int:
     from . import cache
 
-    fleet = Fleet.from_inventory(args.inventory)
-    rows = cache.run(fleet, Path(args.inventory), cache_root(), rate=args.rate)
+    fleet = fleet_of(args)
+    rows = cache.run(fleet, Path(args.inventory or default_sources()[0]), cache_root(), rate=args.rate)
     text = cache.table(rows)
     print(text)
     print(f"results: {write_results(Path(args.out), 'cache', rows, text)}")
     return 0
 
 
-def fleet_command(inventory: str, out: str, extra_vars: list[str]) -> list[str]:
+def fleet_command(inventory: str | None, out: str, extra_vars: list[str], vault_files: list[str] = ()) -> list[str]:
     """The ansible-playbook command line of ``llamafleet bench fleet``."""
-    cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", inventory, str(PLAYBOOK),
+    cmd = [str(Path(sys.executable).with_name("ansible-playbook")), *(["-i", inventory] if inventory else []),
+           *(f"--vault-password-file={f}" for f in vault_files), PLAYBOOK,
            "-e", json.dumps({"bench_results_dir": str(Path(out).resolve())})]
     for extra in extra_vars:
         cmd += ["-e", extra]
@@ -79,4 +82,4 @@ def fleet_command(inventory: str, out: str, extra_vars: list[str]) -> list[str]:
 
 
 def _fleet(args: argparse.Namespace) -> int:
-    return subprocess.call(fleet_command(args.inventory, args.out, args.extra_vars))
+    return subprocess.call(fleet_command(args.inventory, args.out, args.extra_vars, args.vault_password_file))

@@ -30,7 +30,7 @@ from .machines import (CGROUP_PARENT, Machine, console_tail, container_inits, fi
 from .mirror import MIRROR_PORT, publish
 from .net import (BRIDGE, GATEWAY, HOST_NAME_RE, MAX_HOSTS, LabHost, bridge_state, delete_link, ensure_bridge,
                   ip_forwarding_enabled, lab_hosts, lab_veths, link_exists, parse_rate, qdisc_rate, set_tbf)
-from .paths import DEFAULT_INVENTORY_DIR, LabPaths
+from .paths import DEFAULT_INVENTORY_DIR, LabPaths, require_checkout
 from .proxy import PROXY_PORT, PROXY_URL
 from .system import (LabError, current_mounts, lab_lock, remove_tree, require_controller, run, unmount,
                      write_atomic)
@@ -196,6 +196,8 @@ class Lab:
                  progress: Progress | None = print) -> None:
         self.hosts: list[LabHost] = lab_hosts(hosts)
         self.paths = paths or LabPaths.default()
+        if not inventory_dir:
+            require_checkout("the lab's default inventory (inventories/lab; --inventory-dir DIR names another)")
         self.inventory_dir = Path(inventory_dir) if inventory_dir else DEFAULT_INVENTORY_DIR
         self._progress = progress
         self._say_lock = threading.Lock()

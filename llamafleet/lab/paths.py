@@ -13,6 +13,21 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_INVENTORY_DIR = REPO_ROOT / "inventories" / "lab"
 
 
+def in_checkout() -> bool:
+    """Whether this llamafleet runs from a checkout (the collection beside it), not from an installed wheel."""
+    return (REPO_ROOT / "galaxy.yml").is_file() and (REPO_ROOT / "playbooks" / "deploy.yml").is_file()
+
+
+def require_checkout(what: str) -> Path:
+    """The checkout's root, or a UserError saying that ``what`` needs one (an installed wheel has no lab files)."""
+    if not in_checkout():
+        from ..errors import UserError
+
+        raise UserError(f"{what} needs a checkout of llamafleet (git clone it and run it from there): this "
+                        f"llamafleet is installed at {REPO_ROOT}, without the lab's playbooks and inventory")
+    return REPO_ROOT
+
+
 def cache_root() -> Path:
     """The cache root: ``$LLAMAFLEET_CACHE`` or /var/cache/llamafleet."""
     return Path(os.environ.get("LLAMAFLEET_CACHE") or DEFAULT_CACHE)

@@ -23,7 +23,7 @@ def use_fleet(monkeypatch):
     """Make the CLI read ``fleet`` whatever inventory it is given."""
 
     def use(fleet: Fleet) -> None:
-        monkeypatch.setattr(fleet_cli.Fleet, "from_inventory", classmethod(lambda cls, inventory: fleet))
+        monkeypatch.setattr(fleet_cli.Fleet, "from_inventory", classmethod(lambda cls, inventory, vault_password_files=(): fleet))
 
     return use
 

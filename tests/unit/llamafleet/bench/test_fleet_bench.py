@@ -15,6 +15,8 @@ import pytest
 from llamafleet.bench import fleet_bench
 from llamafleet.bench.report import PLOTS
 
+REPO = Path(__file__).resolve().parents[4]
+
 SSE = Path(__file__).resolve().parents[2] / "fixtures" / "sse"
 COMPLETION = "completion_stream_0c1e570_gemma270m_real.txt"
 WORKERS = ["lab2", "lab3"]
@@ -243,6 +245,16 @@ def test_cli_runs_the_playbook_with_the_results_folder(tmp_path: Path) -> None:
 
     cmd = cli.fleet_command("inv/hosts.ini", str(tmp_path / "out"), ['{"bench_policies": ["even"]}'])
     assert Path(cmd[0]).name == "ansible-playbook" and cmd[1:3] == ["-i", "inv/hosts.ini"]
-    assert cmd[3] == str(cli.PLAYBOOK) and cli.PLAYBOOK.is_file()
+    # the collection's playbook by name, which resolves to this checkout's playbooks/bench.yml
+    namespace, name, playbook = cli.PLAYBOOK.split(".")
+    assert (namespace, name) == ("llamafleet", "cluster") and (REPO / "playbooks" / f"{playbook}.yml").is_file()
+    assert cmd[3] == cli.PLAYBOOK
     assert json.loads(cmd[5]) == {"bench_results_dir": str(tmp_path / "out")}
     assert cmd[6:] == ["-e", '{"bench_policies": ["even"]}']
+
+
+def test_cli_passes_no_inventory_when_none_is_given_and_the_vault_files(tmp_path: Path) -> None:
+    from llamafleet.bench import cli
+
+    cmd = cli.fleet_command(None, str(tmp_path), [], ["/secret/vault-pass"])
+    assert "-i" not in cmd and cmd[1:3] == ["--vault-password-file=/secret/vault-pass", cli.PLAYBOOK]
