@@ -23,7 +23,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 DEBIAN_PACKAGES := systemd-container debootstrap openssh-client iproute2 ccache curl rsync gcc make git
 
-.PHONY: help demo test deps venv lint sanity unit lab-test e2e-test partition-test llamacpp-local-test molecule-test bench clean-lab
+.PHONY: help demo test deps venv lint sanity unit min-ansible-test lab-test e2e-test partition-test llamacpp-local-test molecule-test bench clean-lab
 
 help:
 	@echo "make demo   - real 3-host lab on this machine, deploy, a completion from the distributed cluster"
@@ -63,6 +63,8 @@ lint: venv
 	@mkdir -p $(CACHE)/lint-home && HOME=$(CACHE)/lint-home $(BIN)/ansible-lint --profile production --offline
 	@echo "==> yamllint"
 	@$(BIN)/yamllint -s .
+	@echo "==> antsibull-changelog lint (changelogs/fragments, changelogs/changelog.yaml)"
+	@$(BIN)/antsibull-changelog lint && $(BIN)/antsibull-changelog lint-changelog-yaml changelogs/changelog.yaml
 
 # ansible-test sanity runs on the collection's own content (what galaxy.yml ships), in a
 # copy under .../ansible_collections/llamafleet/cluster as ansible-test requires.
@@ -79,6 +81,12 @@ sanity: venv
 	  if (cd $$dest && $(BIN)/ansible-test sanity --python 3.11 > $$tmp/sanity.log 2>&1); then rc=0; else rc=$$?; fi; \
 	  grep -Ev '^(WARNING: Using locale|WARNING: Location|Looking in|Collecting|Downloading|Installing|Successfully|Processing|  |Requirement)' $$tmp/sanity.log || true; \
 	  rm -rf $$tmp; exit $$rc
+
+# requires_ansible in meta/runtime.yml, tested on the lowest ansible-core it claims (a venv of its own,
+# made once under $(CACHE)/ansible-core-VERSION): syntax, docs, modules and role argument_specs on localhost.
+min-ansible-test: venv
+	@echo "==> the collection on the lowest ansible-core that meta/runtime.yml claims"
+	@$(BIN)/pytest -q tests/integration/test_min_ansible.py
 
 lab-test: venv
 	@echo "==> lab integration tests (real hosts)"
@@ -108,7 +116,7 @@ molecule-test: venv
 	@for s in model rpc_server; do $(BIN)/molecule test -s $$s || exit 1; done
 
 test: venv
-	@$(MAKE) --no-print-directory unit lint sanity lab-test e2e-test llamacpp-local-test molecule-test
+	@$(MAKE) --no-print-directory unit lint sanity min-ansible-test lab-test e2e-test llamacpp-local-test molecule-test
 	@echo "==> all tests passed"
 
 bench: venv

@@ -10,7 +10,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from .core import constants
+from .core import constants, deployment_record
 from .errors import UserError
 from .fleet import Fleet, Host
 from .layout import as_bool
@@ -43,10 +43,15 @@ class Endpoint:
         return f"{'https' if self.tls else 'http'}://{self.address}:{self.port}"
 
     @classmethod
-    def of(cls, fleet: Fleet, api_key: str | None = None) -> Endpoint:
-        """The orchestrator's llama-server, where the inventory says it listens, with its API key
-        (``api_key`` when given, else :func:`api_key`)."""
+    def of(cls, fleet: Fleet, api_key: str | None = None, record: dict[str, Any] | None = None) -> Endpoint:
+        """The orchestrator's llama-server, where its deployment ``record`` says it listens (else where the
+        inventory says), with its API key (``api_key`` when given, else :func:`api_key`)."""
         orch = fleet.orchestrator
+        recorded = deployment_record.section(record, "llama_server")
+        if recorded.get("api_endpoint") and recorded.get("port"):
+            scheme = str(recorded["api_endpoint"]).split("://", 1)[0]
+            return cls(orch, str(recorded["bind_address"]), int(recorded["port"]),
+                       api_key_of(fleet) if api_key is None else api_key, scheme == "https")
         address = str(orch.var("llama_server_bind_address", orch.cluster_address))
         port = int(orch.var("llama_server_port", constants.LLAMA_SERVER_PORT))
         return cls(orch, address, port, api_key_of(fleet) if api_key is None else api_key,

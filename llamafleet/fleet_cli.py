@@ -13,7 +13,7 @@ from typing import Any
 from .core.serving_gate import DOWN, LOADING, SERVING
 from .errors import UserError
 from .fleet import Fleet
-from .layout import host_layout
+from .layout import fleet_layouts
 from .probe import Link, probe_links
 from .status import fleet_status, is_bad, journal_command
 
@@ -115,7 +115,10 @@ def logs(args: argparse.Namespace) -> int:
     if args.host not in fleet.hosts:
         raise UserError(f"{args.host} is not in the inventory (hosts: {', '.join(sorted(fleet.hosts))})")
     host = fleet.hosts[args.host]
-    print(fleet.run_one(journal_command(host_layout(fleet, host), args.lines), host, what="journalctl"), end="")
+    layouts, _, errors = fleet_layouts(fleet, [host])
+    if host.name in errors:
+        raise UserError(f"{host.name}: {errors[host.name]}")
+    print(fleet.run_one(journal_command(layouts[host.name], args.lines), host, what="journalctl"), end="")
     return 0
 
 

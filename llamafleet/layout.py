@@ -1,16 +1,22 @@
 """Where a deployment put things on a host: units, ports, users and paths.
 
-Each value comes from the host's inventory variables where the roles let users
-change it (``rpc_server_home``, ``llamacpp_build_root``, ``llama_server_port``,
-``rpc_server_unit_per_device``, ...) and from ``llamafleet.core.constants`` (the
-roles' defaults and the fixed names) otherwise.  Pure: no SSH.
+Each value comes from the host's deployment record (``/etc/llamafleet/deployment.json``, written
+by the roles with the values they used: :mod:`llamafleet.core.deployment_record`) where it has
+one; else, for a host deployed before records existed, from the host's inventory variables where
+the roles let users change it (``rpc_server_home``, ``llamacpp_build_root``, ``llama_server_port``,
+``rpc_server_unit_per_device``, ...) and from ``llamafleet.core.constants`` (the roles' defaults and
+the fixed names).  :func:`read_records` reads the records over SSH; the rest is pure.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .core import constants, rpc_workers
+import shlex
+from collections.abc import Iterable
+from typing import Any
+
+from .core import constants, deployment_record, rpc_workers
 from .errors import UserError
 from .fleet import TRUE_WORDS, Fleet, Host
 
@@ -71,6 +77,10 @@ class HostLayout:
     rpc_cache_dir: str | None
     # The serving gate's state file (orchestrator; see plugins/module_utils/serving_gate.py).
     gate_state_path: str | None = None
+    gate_unit: str = constants.GATE_UNIT
+    guard_unit: str = constants.RPC_GUARD_UNIT
+    # Whether the values come from the host's deployment record (else from the inventory and the defaults).
+    recorded: bool = False
 
     @property
     def role(self) -> str:
@@ -86,8 +96,8 @@ class HostLayout:
     @property
     def helper_units(self) -> tuple[str, ...]:
         """The units that watch the servers: the gate on the orchestrator, the rpc-server guard on a worker."""
-        return (((constants.GATE_UNIT,) if self.orchestrator else ())
-                + ((constants.RPC_GUARD_UNIT,) if self.worker else ()))
+        return (((self.gate_unit,) if self.orchestrator else ())
+                + ((self.guard_unit,) if self.worker else ()))
 
     @property
     def journal_units(self) -> tuple[str, ...]:
@@ -100,21 +110,65 @@ class HostLayout:
         return f"{self.build_root.rstrip('/')}/current"
 
 
-def host_layout(fleet: Fleet, host: Host) -> HostLayout:
-    """The layout of ``host`` from its groups and inventory variables."""
+def host_layout(fleet: Fleet, host: Host, record: dict[str, Any] | None = None) -> HostLayout:
+    """The layout of ``host`` from its deployment record where it has one, else from its inventory variables."""
     orchestrator = fleet.is_orchestrator(host)
     worker = fleet.is_worker(host)
+    rpc = deployment_record.section(record, "rpc_server") if worker else {}
+    llama = deployment_record.section(record, "llama_server") if orchestrator else {}
     home = str(host.var("rpc_server_home", constants.RPC_SERVER_HOME))
     return HostLayout(
         host=host.name,
         orchestrator=orchestrator,
         worker=worker,
-        build_root=str(host.var("llamacpp_build_root", constants.LLAMACPP_ROOT)),
-        llama_unit=constants.LLAMA_SERVER_UNIT if orchestrator else None,
-        rpc_units=tuple(inst.unit for inst in rpc_instances(host)) if worker else (),
-        rpc_cache_dir=constants.rpc_cache_dir(home) if worker else None,
-        gate_state_path=constants.GATE_STATE_PATH if orchestrator else None,
+        build_root=str(llama.get("build_root") or rpc.get("build_root")
+                       or host.var("llamacpp_build_root", constants.LLAMACPP_ROOT)),
+        llama_unit=(llama.get("units") or [constants.LLAMA_SERVER_UNIT])[0] if orchestrator else None,
+        rpc_units=tuple(rpc.get("units") or (inst.unit for inst in rpc_instances(host))) if worker else (),
+        rpc_cache_dir=str(rpc.get("cache_dir") or constants.rpc_cache_dir(home)) if worker else None,
+        gate_state_path=str(llama.get("gate_state_path") or constants.GATE_STATE_PATH) if orchestrator else None,
+        gate_unit=str(llama.get("gate_unit") or constants.GATE_UNIT),
+        guard_unit=str(rpc.get("guard_unit") or constants.RPC_GUARD_UNIT),
+        recorded=bool(rpc or llama),
     )
+
+
+def record_command() -> str:
+    """Prints the host's deployment record (nothing when it has none)."""
+    path = shlex.quote(constants.DEPLOYMENT_RECORD_PATH)
+    return f"if [ -e {path} ]; then cat {path}; fi"
+
+
+def read_records(fleet: Fleet, hosts: Iterable[Host]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """``(records, errors)``: each host's deployment record (``{}`` when it has none), or why it could not
+    be read or used (unreachable, not JSON, written by a newer llamafleet)."""
+    records: dict[str, dict[str, Any]] = {}
+    errors: dict[str, str] = {}
+    for name, res in fleet.run(record_command(), list(hosts), timeout=30.0).items():
+        if not res.ok:
+            errors[name] = res.reason
+            continue
+        try:
+            records[name] = deployment_record.parse(res.stdout, f"{name}:{constants.DEPLOYMENT_RECORD_PATH}")
+        except deployment_record.RecordError as exc:
+            errors[name] = str(exc)
+    return records, errors
+
+
+def fleet_layouts(fleet: Fleet, hosts: Iterable[Host]) -> tuple[dict[str, HostLayout], dict[str, dict[str, Any]],
+                                                                 dict[str, str]]:
+    """``(layouts, records, errors)`` of ``hosts``: their records read over SSH, then each layout."""
+    hosts = list(hosts)
+    records, errors = read_records(fleet, hosts)
+    layouts: dict[str, HostLayout] = {}
+    for host in hosts:
+        if host.name in errors:
+            continue
+        try:
+            layouts[host.name] = host_layout(fleet, host, records.get(host.name))
+        except UserError as exc:
+            errors[host.name] = str(exc)
+    return layouts, records, errors
 
 
 def service_user(host: Host, server: str) -> tuple[str, str]:

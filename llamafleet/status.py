@@ -39,7 +39,7 @@ from .facts import (
     systemctl_show,
 )
 from .fleet import Fleet, Host
-from .layout import HostLayout, host_layout
+from .layout import HostLayout, fleet_layouts
 
 # The state of a host in the fleet group that is neither orchestrator nor worker.
 NO_UNIT = "-"
@@ -173,9 +173,10 @@ def host_row(host: Host, layout: HostLayout | None, facts: HostFacts) -> dict[st
     )
     helpers = {u["unit"]: u["state"] for u in (unit_row(props) for props in facts.values.get("helpers", []))}
     if layout.worker:
-        row["guard"] = helpers.get(constants.RPC_GUARD_UNIT, "unknown")
+        row["guard"] = helpers.get(layout.guard_unit, "unknown")
     if "gate_state" in facts.values:
-        row.update(gate_fields(helpers.get(constants.GATE_UNIT, "unknown"), facts.values["gate_state"]))
+        row.update(gate_fields(helpers.get(layout.gate_unit, "unknown"), facts.values["gate_state"]))
+    row["recorded"] = layout.recorded
     return row
 
 
@@ -191,20 +192,14 @@ def is_bad(row: dict[str, Any]) -> bool:
 def fleet_status(fleet: Fleet, health_timeout: float = 2.0) -> list[dict[str, Any]]:
     """One status row per host of the fleet, by host name; llama-server's /health on an active orchestrator."""
     hosts = fleet.members()
-    layouts: dict[str, HostLayout] = {}
-    errors: dict[str, str] = {}
-    for host in hosts:
-        try:
-            layouts[host.name] = host_layout(fleet, host)
-        except UserError as exc:
-            errors[host.name] = str(exc)
+    layouts, records, errors = fleet_layouts(fleet, hosts)
     found = gather(fleet, [h for h in hosts if h.name in layouts], lambda h: status_facts(layouts[h.name]))
     rows = []
     for host in hosts:
         facts = found.get(host.name) or HostFacts(host.name, error=errors.get(host.name))
         row = host_row(host, layouts.get(host.name), facts)
         if facts.ok and layouts[host.name].orchestrator:
-            row.update(orchestrator_health(fleet, row["state"], health_timeout))
+            row.update(orchestrator_health(fleet, row["state"], health_timeout, records.get(host.name)))
         rows.append(row)
     links = gate_links(next((r for r in rows if "serving" in r), None))
     for row in rows:
@@ -213,10 +208,11 @@ def fleet_status(fleet: Fleet, health_timeout: float = 2.0) -> list[dict[str, An
     return rows
 
 
-def orchestrator_health(fleet: Fleet, state: str, timeout: float) -> dict[str, str]:
+def orchestrator_health(fleet: Fleet, state: str, timeout: float,
+                        record: dict[str, Any] | None = None) -> dict[str, str]:
     """``endpoint``, and ``health`` (/health's answer) when llama-server's unit is active."""
     try:
-        endpoint = Endpoint.of(fleet, api_key="")  # /health needs no key
+        endpoint = Endpoint.of(fleet, api_key="", record=record)  # /health needs no key
     except UserError as exc:
         return {"health": str(exc)}
     if state != "active":

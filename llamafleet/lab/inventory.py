@@ -131,4 +131,11 @@ def remove_inventory(inventory_dir: Path) -> list[Path]:
         if HEADER in text:
             path.unlink()
             removed.append(path)
+    # deploy.yml's record of the lab's last deploy (playbooks/_fleet_changes.yml): the hosts it lists are gone
+    record = inventory_dir / ".llamafleet" / "deployment.json"
+    if record.exists():
+        record.unlink()
+        removed.append(record)
+        if not any(record.parent.iterdir()):
+            record.parent.rmdir()
     return removed

@@ -18,6 +18,9 @@ from __future__ import annotations
 GROUP_FLEET = "llamafleet"
 GROUP_ORCHESTRATOR = "llamafleet_orchestrator"
 GROUP_WORKERS = "llamafleet_workers"
+# The host(s) playbooks/monitoring.yml puts Prometheus (and Grafana) on (the monitoring role); any host, the
+# orchestrator included.
+GROUP_MONITORING = "llamafleet_monitoring"
 # Groups that choose a backend: a host in llamafleet_backend_<backend> (say llamafleet_backend_cuda,
 # whose group_vars set llamacpp_build_backend: cuda) builds for that backend; at most one per host.
 GROUP_BACKEND_PREFIX = "llamafleet_backend_"
@@ -25,7 +28,9 @@ GROUP_BACKEND_PREFIX = "llamafleet_backend_"
 MACOS_UNSUPPORTED = ("macOS hosts are not supported as workers or orchestrator in this release: the rpc_server and "
                      "llama_server roles render systemd units and nftables rules, which are Linux only")
 
-# systemd units.
+# systemd units. Every llamafleet unit's name starts with UNIT_PREFIX: playbooks/teardown.yml finds them by it
+# (module_utils/teardown.py).
+UNIT_PREFIX = "llamafleet-"
 LLAMA_SERVER_UNIT = "llamafleet-llama-server.service"
 RPC_SERVER_UNIT = "llamafleet-rpc-server.service"
 # One rpc-server per device: the device's ggml name, lower-cased, goes in the middle.
@@ -41,6 +46,10 @@ RPC_GUARD_UNIT = "llamafleet-rpc-guard.service"
 # Its runtime folder (systemd RuntimeDirectory=) and the state file `llamafleet status` reads.
 GATE_RUNTIME_DIR = "llamafleet-gate"
 GATE_STATE_PATH = "/run/" + GATE_RUNTIME_DIR + "/state.json"
+# Each worker's textfile metrics (module_utils/rpc_metrics.py run as a script by a oneshot service, started by its
+# timer): rpc-server's liveness and cache facts for node_exporter's textfile collector (rpc_server_textfile_metrics).
+RPC_METRICS_UNIT = "llamafleet-rpc-metrics.service"
+RPC_METRICS_TIMER = "llamafleet-rpc-metrics.timer"
 # playbooks/bench.yml: one transient latency proxy (llamafleet/bench/rpcproxy.py) per worker
 # endpoint, numbered from 0, and the runtime folder on the orchestrator that holds them.
 BENCH_PROXY_UNIT = "llamafleet-bench-proxy-%d.service"
@@ -54,6 +63,10 @@ LLAMA_SERVER_BACKEND_PORT = 18080
 RPC_SERVER_PORT = 50052
 # bench.yml's first proxy port on the orchestrator's loopback (role default bench_proxy_port).
 BENCH_PROXY_PORT = 50300
+# Debian's prometheus and prometheus-node-exporter listen here by default (role defaults
+# monitoring_prometheus_port and monitoring_node_exporter_port).
+PROMETHEUS_PORT = 9090
+NODE_EXPORTER_PORT = 9100
 
 # Service users and their homes (role defaults).
 LLAMA_SERVER_USER = "llamafleet"
@@ -81,8 +94,12 @@ API_KEY_PATH = CONFIG_DIR + "/llama-server.key"
 # paths, users, build, plan, endpoint), versioned JSON; the CLI, bench and teardown read it instead of constants.
 DEPLOYMENT_RECORD_PATH = CONFIG_DIR + "/deployment.json"
 DEPLOYMENT_RECORD_SCHEMA = 1
+# This collection's version (galaxy.yml, pyproject.toml and llamafleet.__version__ agree; a unit test checks).
+COLLECTION_VERSION = "0.3.0"
 # The workers' nftables rules (rpc_server_firewall).
 RPC_FIREWALL_RULES = CONFIG_DIR + "/rpc-firewall.nft"
+# Their nftables table, family and name (templates/rpc-firewall.nft.j2 and rpc-firewall.service.j2).
+RPC_FIREWALL_TABLE = "inet llamafleet_rpc"
 # Where firewalld or ufw also filters (rpc_server_host_firewall, module_utils/host_firewall.py): the rules
 # the rpc_server role added there (JSON), so it can remove them, and the comment its ufw rules carry.
 HOST_FIREWALL_STATE = CONFIG_DIR + "/host-firewall.json"
@@ -96,6 +113,15 @@ GATE_SCRIPT = LIBEXEC_DIR + "/serving_gate.py"
 RPC_WAIT_HELPER = "/usr/local/libexec/llamafleet-rpc-wait"
 # The RPC HELLO client itself (the gate probes a lost worker with it, ``--timeout S HOST:PORT``).
 RPC_PROBE_SCRIPT = LIBEXEC_DIR + "/rpc_proto.py"
+# The workers' textfile metrics writer (module_utils/rpc_metrics.py; it imports serving_gate.py beside it).
+RPC_METRICS_SCRIPT = LIBEXEC_DIR + "/rpc_metrics.py"
+# node_exporter's textfile collector directory in Debian's prometheus-node-exporter (role defaults
+# rpc_server_textfile_dir and monitoring_node_exporter_textfile_dir), and the file the workers write there.
+NODE_EXPORTER_TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
+RPC_METRICS_FILE = "llamafleet_rpc.prom"
+# Prometheus jobs of the monitoring role (its file_sd files are named after them; the dashboard selects by them).
+PROMETHEUS_JOB_LLAMA_SERVER = "llamafleet-llama-server"
+PROMETHEUS_JOB_NODE = "llamafleet-node"
 # Degraded mode (llama_server_degrade): the plans without one worker host, each a drop-in for llama-server's unit
 # (written by the llama_server role, DEGRADED_PLANS_DIR/without-HOST.conf); the gate asks for one (or "full") in
 # PLAN_REQUEST_PATH, and the root switch service (started by its path unit) puts it in place as a runtime

@@ -17,20 +17,47 @@ load: a page that is not a GGUF file (a login or error page served with 200),
 a file shorter than its GGUF header says (truncated at the source: a sha256
 pinned for that file does not catch it), or an architecture the planner does
 not know.
+
+Every request goes through :class:`Http`: it carries the credentials (a bearer token, extra headers) to
+the configured URL's host only (see ``fetch_policy``: a redirect to another host gets them only when the
+user lists that host), follows redirects itself to decide that per hop, and retries transient failures
+with backoff; a download that fails midway continues from the bytes already in its ``.part`` file.
 """
 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import re
+import ssl
+import time
 import urllib.error
 import urllib.parse
 from dataclasses import dataclass, field
+from typing import Callable, TypeVar
 
 from ansible.module_utils.urls import open_url
 
 from .checksum import CHUNK, sha256_file, verify_in_place, write_marker
+from .fetch_policy import (
+    MAX_REDIRECTS,
+    PROGRESS_RESETS_RETRIES,
+    REDIRECT_STATUSES,
+    Names,
+    RetryRefused,
+    credential_headers,
+    describe_error,
+    host_of,
+    is_transient_error,
+    is_transient_status,
+    parse_retry_after,
+    redact_url,
+    redirect_target,
+    sends_credentials,
+    status_problem,
+    wait_before_retry,
+)
 from .gguf import (
     GGUF_MAGIC,
     GGUFError,
@@ -67,18 +94,19 @@ class FileSpec:
             raise FetchError("a model file has no url")
         if not SHA256_RE.match(self.sha256):
             raise FetchError(
-                f"{self.url}: sha256 must be 64 hex digits (got {self.sha256!r}); pin every model file"
+                f"{redact_url(self.url)}: sha256 must be 64 hex digits (got {self.sha256!r}); pin every model file"
             )
         if not self.name:
             self.name = os.path.basename(urllib.parse.urlparse(self.url).path)
         if not self.name or "/" in self.name or self.name in (".", ".."):
-            raise FetchError(f"{self.url}: cannot derive a file name; set 'name'")
+            raise FetchError(f"{redact_url(self.url)}: cannot derive a file name; set 'name'")
 
 
 @dataclass
 class FileState:
     spec: FileSpec
     path: str
+    label: str = "files[0]"  # how messages name the file: <names.files>[<index>]
     present: bool = False
     verified: bool = False
     remote_size: int | None = None
@@ -88,18 +116,150 @@ class FileState:
     notes: list[str] = field(default_factory=list)
 
 
-def probe(url: str, timeout: float) -> tuple[int | None, bool]:
+T = TypeVar("T")
+# What a request raises besides an HTTP status (urllib wraps the failures of opening in URLError).
+_REQUEST_ERRORS = (urllib.error.URLError, http.client.HTTPException, ssl.SSLError, TimeoutError, ConnectionError)
+
+
+class _Failure(Exception):
+    """One failed attempt. ``what`` says it without the file's label and URL; ``transient``: worth another
+    attempt; ``code`` and ``headers``: the HTTP status and its headers, when it was one."""
+
+    def __init__(self, what: str, transient: bool, retry_after: float | None = None, code: int = 0,
+                 headers: object = None) -> None:
+        super().__init__(what)
+        self.what = what
+        self.transient = transient
+        self.retry_after = retry_after
+        self.code = code
+        self.headers = headers
+
+
+@dataclass
+class Http:
+    """How the requests of a download go: the timeout of each, the credentials, the retries.
+
+    The credentials (``token``, ``headers``) are kept out of ``repr`` and of every message; they go to the
+    configured URL's host and to ``auth_redirect_hosts`` only (fetch_policy.sends_credentials), so this
+    follows redirects itself. ``names`` are how messages call the settings; ``notes`` gets one line per
+    retry (no secrets) for the module's result.
+    """
+
+    timeout: float = 60.0
+    token: str = field(default="", repr=False)
+    headers: dict[str, object] = field(default_factory=dict, repr=False)
+    auth_redirect_hosts: tuple[str, ...] = ()
+    retries: int = 5
+    retry_delay: float = 5.0
+    names: Names = field(default_factory=Names)
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.time
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        try:
+            self._credentials = credential_headers(self.token, self.headers, self.names)
+        except ValueError as exc:
+            raise FetchError(str(exc)) from None
+        self._host = ""  # the server of the latest request, for messages
+
+    def open(self, url: str, label: str, method: str = "GET", headers: dict[str, str] | None = None):
+        """The response to ``method url`` with ``headers``, after redirects (each hop gets the credentials or
+        not); _Failure for an HTTP error status, with what it means for the file ``label``."""
+        current = url
+        for _hop in range(MAX_REDIRECTS + 1):
+            send = self._credentials if sends_credentials(url, current, self.auth_redirect_hosts) else {}
+            self._host = host_of(current)
+            try:
+                return open_url(current, method=method, headers={**send, **(headers or {})}, timeout=self.timeout,
+                                follow_redirects="none", use_netrc="Authorization" not in send)
+            except urllib.error.HTTPError as exc:
+                exc.close()
+                location = exc.headers.get("Location") if exc.headers is not None else None
+                if exc.code in REDIRECT_STATUSES and location:
+                    try:
+                        current = redirect_target(current, location)
+                    except ValueError as bad:
+                        raise _Failure("%s answered with %s" % (self._host, bad), False) from None
+                    continue
+                credentials = "sent" if send else ("withheld" if self._credentials else "none")
+                retry_after = parse_retry_after(exc.headers.get("Retry-After") if exc.headers is not None else None,
+                                                self.clock())
+                raise _Failure(status_problem(exc.code, exc.reason, current, label, credentials, url, self.names),
+                               is_transient_status(exc.code), retry_after, exc.code, exc.headers) from None
+        raise _Failure("more than %d redirects from %s" % (MAX_REDIRECTS, host_of(url)), False)
+
+    def retry(self, label: str, url: str, attempt: Callable[[], T], progress: Callable[[], int] = lambda: 0,
+              then: str = "run again later") -> T:
+        """``attempt()``, again after each transient failure (with a wait), up to ``retries`` failures in a row.
+
+        An attempt that moved ``progress()`` (bytes on disk) on by PROGRESS_RESETS_RETRIES starts the count
+        again, so a long download over a link that drops now and then gets there. FetchError names ``label``,
+        the URL without secrets, what failed and, when it gives up on a transient failure, ``then``.
+        """
+        prefix = "%s.url %s: " % (label, redact_url(url))
+        failures = 0
+        while True:
+            before = progress()
+            try:
+                return attempt()
+            except _Failure as exc:
+                failure = exc
+            except _REQUEST_ERRORS as exc:
+                failure = _Failure("%s %s" % (self._host or host_of(url), describe_error(exc)), is_transient_error(exc))
+            if not failure.transient:
+                raise FetchError(prefix + failure.what) from None
+            if progress() - before >= PROGRESS_RESETS_RETRIES:
+                failures = 0
+            failures += 1
+            try:
+                delay = wait_before_retry(failures, self.retries, self.retry_delay, failure.retry_after, self.names)
+            except RetryRefused as refused:
+                raise FetchError(prefix + "; ".join(p for p in (failure.what, str(refused), then) if p)) from None
+            self.notes.append("%s%s: retry %d of %d in %g s" % (prefix, failure.what, failures, self.retries, delay))
+            self.sleep(delay)
+
+
+def _content_length(response: object) -> int | None:
+    length = response.headers.get("Content-Length")  # type: ignore[attr-defined]
+    return int(length) if length and length.isdigit() else None
+
+
+def _copy(response: object, write: Callable[[bytes], None], limit: int | None = None,
+          size_hint: int | None = None) -> int:
+    """Hand the body of ``response`` (at most its first ``limit`` bytes) to ``write`` block by block; the bytes read.
+
+    http.client ends a body early without complaint when the server closes the connection: a body shorter
+    than its Content-Length (or, without one, than ``size_hint``) is a transient _Failure, which a retry resumes.
+    """
+    # a gzip body (open_url decompresses it; nothing here asks for one) is longer than its Content-Length
+    encoded = response.headers.get("Content-Encoding", "identity").lower() != "identity"  # type: ignore[attr-defined]
+    want = None if encoded else _content_length(response)
+    if want is None and not encoded:
+        want = size_hint
+    if limit is not None:
+        want = limit if want is None else min(want, limit)
+    got = 0
+    while want is None or got < want:
+        block = response.read(CHUNK if want is None else min(CHUNK, want - got))  # type: ignore[attr-defined]
+        if not block:
+            break
+        write(block)
+        got += len(block)
+    if want is not None and got < want:
+        raise _Failure("%s closed the connection after %d of %d bytes"
+                       % (host_of(response.url), got, want), True)  # type: ignore[attr-defined]
+    return got
+
+
+def probe(url: str, http: Http, label: str) -> tuple[int | None, bool]:
     """HEAD the URL: (size or None, whether it accepts byte ranges)."""
-    try:
-        with open_url(url, method="HEAD", timeout=timeout) as response:
-            length = response.headers.get("Content-Length")
-            ranges = response.headers.get("Accept-Ranges", "").lower() == "bytes"
-            return (int(length) if length and length.isdigit() else None), ranges
-    except urllib.error.HTTPError as exc:
-        raise FetchError(f"{url}: the server answered HTTP {exc.code} {exc.reason}") from exc
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise FetchError(f"{url}: unreachable ({reason})") from exc
+
+    def attempt() -> tuple[int | None, bool]:
+        with http.open(url, label, method="HEAD") as response:
+            return _content_length(response), response.headers.get("Accept-Ranges", "").lower() == "bytes"
+
+    return http.retry(label, url, attempt)
 
 
 def content_range_total(value: str | None) -> int | None:
@@ -142,43 +302,33 @@ def header_problem(label: str, header: GGUFFile, served: int | None) -> str:
     return ""
 
 
-def _read_exactly(response: object, count: int) -> bytes:
-    """Up to ``count`` bytes of ``response`` (fewer only at its end)."""
-    parts, got = [], 0
-    while got < count:
-        block = response.read(min(CHUNK, count - got))  # type: ignore[attr-defined]
-        if not block:
-            break
-        parts.append(block)
-        got += len(block)
-    return b"".join(parts)
-
-
-def read_range(url: str, start: int, end: int, timeout: float) -> tuple[bytes, int | None, str]:
+def read_range(url: str, start: int, end: int, http: Http, label: str) -> tuple[bytes, int | None, str]:
     """Bytes ``start`` to ``end - 1`` of ``url`` (fewer at its end): (bytes, the file's size or None, Content-Type).
 
     Asks for a byte range; a server that ignores it answers the whole file, of which only
     the first ``end`` bytes are read before the connection is closed.
     """
-    try:
-        with open_url(url, headers={"Range": "bytes=%d-%d" % (start, end - 1)}, timeout=timeout) as response:
+
+    def attempt() -> tuple[bytes, int | None, str]:
+        parts: list[bytes] = []
+        try:
+            response = http.open(url, label, headers={"Range": "bytes=%d-%d" % (start, end - 1)})
+        except _Failure as exc:
+            if exc.code == 416:  # the range starts past the end: nothing more to read
+                return b"", content_range_total(exc.headers.get("Content-Range") if exc.headers else None), ""
+            raise
+        with response:
             content_type = response.headers.get("Content-Type", "")
             if response.status == 206:
-                return (_read_exactly(response, end - start),
-                        content_range_total(response.headers.get("Content-Range")), content_type)
-            length = response.headers.get("Content-Length")
-            return (_read_exactly(response, end)[start:], int(length) if length and length.isdigit() else None,
-                    content_type)
-    except urllib.error.HTTPError as exc:
-        if exc.code == 416:  # the range starts past the end: nothing more to read
-            return b"", content_range_total(exc.headers.get("Content-Range") if exc.headers else None), ""
-        raise FetchError(f"{url}: the server answered HTTP {exc.code} {exc.reason}") from exc
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise FetchError(f"{url}: unreachable ({reason})") from exc
+                _copy(response, parts.append, end - start)
+                return b"".join(parts), content_range_total(response.headers.get("Content-Range")), content_type
+            _copy(response, parts.append, end)
+            return b"".join(parts)[start:], _content_length(response), content_type
+
+    return http.retry(label, url, attempt)
 
 
-def check_header(url: str, label: str, timeout: float = 30.0, first_bytes: int = HEADER_FIRST_BYTES,
+def check_header(url: str, label: str, http: Http | None = None, first_bytes: int = HEADER_FIRST_BYTES,
                  max_bytes: int = HEADER_MAX_BYTES) -> None:
     """Read the GGUF header of ``url`` over HTTP ranges; FetchError naming ``label`` if it cannot be the model.
 
@@ -186,10 +336,11 @@ def check_header(url: str, label: str, timeout: float = 30.0, first_bytes: int =
     shorter than its header implies, one whose header does not parse within
     ``max_bytes``, and an architecture the planner does not know.
     """
-    name = "%s (%s)" % (label, url)
-    buf, served, content_type = read_range(url, 0, first_bytes, timeout)
+    http = http or Http()
+    name = "%s (%s)" % (label, redact_url(url))
+    buf, served, content_type = read_range(url, 0, first_bytes, http, label)
     if buf[:len(GGUF_MAGIC)] != GGUF_MAGIC:
-        raise FetchError("%s.url %s: not a GGUF file (%s)" % (label, url, describe_start(content_type, buf)))
+        raise FetchError("%s.url %s: not a GGUF file (%s)" % (label, redact_url(url), describe_start(content_type, buf)))
     while True:
         try:
             header = read_gguf_prefix(buf, name, served, _HEADER_ARRAY_LIMIT)
@@ -199,7 +350,7 @@ def check_header(url: str, label: str, timeout: float = 30.0, first_bytes: int =
                 raise FetchError("%s: the GGUF header is longer than %d MiB, the most this check reads"
                                  % (name, max_bytes // 2**20)) from None
             want = min(max(2 * len(buf), more.needed), max_bytes)
-            block = read_range(url, len(buf), want, timeout)[0]
+            block = read_range(url, len(buf), want, http, label)[0]
             if not block:  # the server has no more (and did not say its size)
                 raise FetchError("%s: the server has %d bytes, the GGUF header needs more" % (name, len(buf))) from None
             buf += block
@@ -210,24 +361,26 @@ def check_header(url: str, label: str, timeout: float = 30.0, first_bytes: int =
         raise FetchError(problem)
 
 
-def check_headers(states: list[FileState], label: str = "files", timeout: float = 30.0) -> None:
-    """:func:`check_header` for every file that must be fetched; ``label[N]`` names the N-th file."""
-    for index, state in enumerate(states):
+def check_headers(states: list[FileState], http: Http | None = None) -> None:
+    """:func:`check_header` for every file that must be fetched, named by its label."""
+    for state in states:
         if state.action != "none":
-            check_header(state.spec.url, "%s[%d]" % (label, index), timeout)
+            check_header(state.spec.url, state.label, http)
 
 
-def plan(specs: list[FileSpec], dest_dir: str, timeout: float = 30.0, record: bool = True) -> list[FileState]:
-    """Decide, for every file, whether it is in place or must be (re)fetched."""
+def plan(specs: list[FileSpec], dest_dir: str, http: Http | None = None, record: bool = True) -> list[FileState]:
+    """Decide, for every file, whether it is in place or must be (re)fetched; ``<names.files>[N]`` labels the N-th."""
+    http = http or Http()
     states = []
-    for spec in specs:
+    for index, spec in enumerate(specs):
         path = os.path.join(dest_dir, spec.name)
-        state = FileState(spec=spec, path=path, present=os.path.isfile(path))
+        state = FileState(spec=spec, path=path, label="%s[%d]" % (http.names.files, index),
+                          present=os.path.isfile(path))
         if state.present and verify_in_place(path, spec.sha256, record=record):
             state.verified = True
             states.append(state)
             continue
-        state.remote_size, state.accepts_ranges = probe(spec.url, timeout)
+        state.remote_size, state.accepts_ranges = probe(spec.url, http, state.label)
         part = path + ".part"
         if os.path.isfile(part) and state.accepts_ranges:
             state.partial_bytes = os.path.getsize(part)
@@ -274,42 +427,74 @@ def check_space(states: list[FileState], dest_dir: str, margin_bytes: int) -> tu
     return needed, free
 
 
-def download(state: FileState, timeout: float = 60.0) -> None:
-    """Fetch one file into ``<path>.part`` (resuming when possible), verify, rename."""
+@dataclass
+class _Part:
+    """The ``.part`` file of a download: how many bytes it holds and their sha256."""
+
+    path: str
+    size: int = 0
+    digest: object = field(default_factory=hashlib.sha256)
+
+    def restart(self) -> None:
+        """From the first byte again (the server ignored the range, or the file changed)."""
+        self.size = 0
+        self.digest = hashlib.sha256()
+
+    def writer(self, handle: object) -> Callable[[bytes], None]:
+        """Writes a block to ``handle`` and counts and hashes it, so size and digest always match the file."""
+
+        def write(block: bytes) -> None:
+            handle.write(block)  # type: ignore[attr-defined]
+            self.digest.update(block)  # type: ignore[attr-defined]
+            self.size += len(block)
+
+        return write
+
+
+def download(state: FileState, http: Http | None = None) -> None:
+    """Fetch one file into ``<path>.part``, verify, rename.
+
+    Resumes from the bytes an earlier run left (when the server takes ranges); a transient failure
+    midway (a dropped connection, a timeout, HTTP 429 or 5xx) is retried from the bytes already written.
+    """
+    http = http or Http()
     spec = state.spec
-    part = state.path + ".part"
-    offset = state.partial_bytes if state.action == "resume" else 0
-    digest = hashlib.sha256()
-    if offset:
-        sha256_file(part, digest, limit=offset)
-    headers = {"Range": f"bytes={offset}-"} if offset else {}
-    try:
-        with open_url(spec.url, headers=headers, timeout=timeout) as response:
-            if offset and response.status != 206:
-                offset = 0  # the server ignored the range: start over
-                digest = hashlib.sha256()
-            with open(part, "r+b" if offset else "wb") as handle:
-                handle.seek(offset)
+    part = _Part(state.path + ".part")
+    if state.action == "resume" and state.partial_bytes:
+        part.size = state.partial_bytes
+        sha256_file(part.path, part.digest, limit=part.size)
+
+    def attempt() -> None:
+        try:
+            response = http.open(spec.url, state.label, headers={"Range": "bytes=%d-" % part.size} if part.size else {})
+        except _Failure as exc:
+            if exc.code != 416 or not part.size:
+                raise
+            if content_range_total(exc.headers.get("Content-Range") if exc.headers else None) == part.size:
+                return  # the .part holds the whole file already
+            part.restart()
+            return attempt()
+        with response:
+            if part.size and response.status != 206:
+                part.restart()  # the server ignored the range: start over
+            rest = None if state.remote_size is None else state.remote_size - part.size
+            with open(part.path, "r+b" if part.size else "wb") as handle:
+                handle.seek(part.size)
                 handle.truncate()
-                while True:
-                    block = response.read(CHUNK)
-                    if not block:
-                        break
-                    handle.write(block)
-                    digest.update(block)
+                _copy(response, part.writer(handle), size_hint=rest)
                 handle.flush()
                 os.fsync(handle.fileno())
-    except urllib.error.HTTPError as exc:
-        raise FetchError(f"{spec.url}: the server answered HTTP {exc.code} {exc.reason}") from exc
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise FetchError(f"{spec.url}: download interrupted ({reason}); run again to resume") from exc
-    got = digest.hexdigest()
+
+    try:
+        http.retry(state.label, spec.url, attempt, progress=lambda: part.size, then="run again to resume")
+    except OSError as exc:  # the disk, not the network
+        raise FetchError("%s: cannot write %s (%s)" % (state.label, part.path, exc.strerror or exc)) from exc
+    got = part.digest.hexdigest()  # type: ignore[attr-defined]
     if got != spec.sha256:
-        os.unlink(part)
+        os.unlink(part.path)
         raise FetchError(
-            f"{spec.url}: sha256 mismatch: expected {spec.sha256}, got {got}; "
+            f"{state.label}.url {redact_url(spec.url)}: sha256 mismatch: expected {spec.sha256}, got {got}; "
             "the pinned sha256 or the source is wrong"
         )
-    os.replace(part, state.path)
+    os.replace(part.path, state.path)
     write_marker(state.path, spec.sha256)

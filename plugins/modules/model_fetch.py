@@ -21,6 +21,15 @@ description:
     the GGUF tensor table is parsed, at most 64 MiB) and refuses a file that is not GGUF (a login or error page
     served with 200, named by its media type and first bytes), one shorter than its header says (truncated at the
     source, which a sha256 pinned for that file does not catch) and an architecture the planner does not know.
+  - Every request (the HEAD, the header check's ranges, the download and its resumes) carries O(token) and
+    O(headers). They go to the host of the file's URL only; a redirect to another host (Hugging Face sends
+    downloads to a CDN with a signed URL) gets neither unless O(auth_redirect_hosts) names that host, and
+    none goes from https to plain http. Neither appears in the result or in an error.
+  - Connection errors, timeouts, a dropped connection, HTTP 429 and HTTP 5xx (except 501, 505 and 511) are retried
+    O(retries) times with a backoff from O(retry_delay) (doubled each time, at most 60 s) or the server's
+    C(Retry-After) (at most 300 s; a server asking for longer fails the task). A download continues from the
+    bytes already written, and an attempt that fetched 1 MiB or more starts the count again. Other HTTP errors
+    fail at once, naming the server, the URL (without its password or query string) and the setting to fix.
 author: llamafleet maintainers (@llamafleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
@@ -70,6 +79,40 @@ options:
     description: How errors name O(files), e.g. V(model_files) gives C(model_files[0]).
     type: str
     default: files
+  token:
+    description:
+      - "A bearer token sent as C(Authorization: Bearer <token>) (a Hugging Face access token for a gated or
+        private repository). A value that starts with C(Bearer ) is taken as is."
+      - Never logged; sent to the URL's host (and O(auth_redirect_hosts)) only.
+    type: str
+  headers:
+    description:
+      - Extra HTTP headers for every request, name to value (for example an API key header of a private mirror).
+      - Never logged; sent like O(token). C(Range), C(Host), C(Content-Length), C(Transfer-Encoding) and
+        C(Connection) are the download's own; an C(Authorization) header here excludes O(token).
+    type: dict
+    default: {}
+  auth_redirect_hosts:
+    description:
+      - Host names that a redirect may take O(token) and O(headers) to, besides the host of each file's URL.
+        Empty by default, so a redirect to another host (a CDN) never receives them.
+    type: list
+    elements: str
+    default: []
+  retries:
+    description: How many times a transient failure is retried, in a row, before the task fails (0 never retries).
+    type: int
+    default: 5
+  retry_delay:
+    description: Seconds before the first retry; each further one waits twice as long (at most 60 s).
+    type: float
+    default: 5
+  labels:
+    description:
+      - How errors name the settings to fix, for callers with other names (the model role passes its variables).
+        Keys V(token), V(headers), V(auth_redirect_hosts), V(retries); a missing key names the option itself.
+    type: dict
+    default: {}
 """
 
 EXAMPLES = r"""
@@ -81,6 +124,15 @@ EXAMPLES = r"""
         sha256: "5d1cf0b2ad0fa8c7c3dd0bd1d1a8f4c4c0e21aa6f7f9a8f4bfae9a1c0f1e2d3a"
       - url: https://huggingface.co/org/repo/resolve/0123abc/model-00002-of-00002.gguf
         sha256: "9a3e8c1d7f2b4a6e0c5d8f1a3b7e9c2d4f6a8b0c1e3d5f7a9b2c4e6f8a0b1c3d"
+
+- name: Fetch a gated model with a Hugging Face token (from a vault), retrying a flaky link longer
+  llamafleet.cluster.model_fetch:
+    dest: /var/lib/llamafleet/models/gated
+    files:
+      - url: https://huggingface.co/org/gated/resolve/0123abc/model.gguf
+        sha256: "5d1cf0b2ad0fa8c7c3dd0bd1d1a8f4c4c0e21aa6f7f9a8f4bfae9a1c0f1e2d3a"
+    token: "{{ vault_hf_token }}"
+    retries: 10
 """
 
 RETURN = r"""
@@ -102,6 +154,11 @@ free_bytes:
   description: Free bytes on the destination before downloading.
   returned: always
   type: int
+retried:
+  description: One line per retry of a transient failure (the file, its URL without secrets, what failed, the wait).
+  returned: always
+  type: list
+  elements: str
 """
 
 import os
@@ -111,25 +168,40 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.llamafleet.cluster.plugins.module_utils.fetch import (
     FetchError,
     FileSpec,
+    Http,
     check_headers,
     check_space,
     download,
     plan,
 )
+from ansible_collections.llamafleet.cluster.plugins.module_utils.fetch_policy import Names
+
+
+def http_of(params: dict) -> Http:
+    """The requests' settings from the module's parameters; FetchError for bad headers or labels."""
+    try:
+        names = Names.of(params["label"], params["labels"])
+    except ValueError as exc:
+        raise FetchError(str(exc)) from None
+    return Http(timeout=params["timeout"], token=params["token"] or "", headers=params["headers"] or {},
+                auth_redirect_hosts=tuple(params["auth_redirect_hosts"] or ()), retries=max(0, params["retries"]),
+                retry_delay=max(0.0, params["retry_delay"]), names=names)
 
 
 def run(module: AnsibleModule) -> dict:
     params = module.params
     dest = params["dest"]
+    http = None
     try:
+        http = http_of(params)
         specs = [FileSpec(url=f["url"], sha256=f["sha256"], name=f.get("name") or "") for f in params["files"]]
         if not specs:
             raise FetchError("no model files given")
-        states = plan(specs, dest, timeout=params["timeout"], record=not module.check_mode)
-        check_headers(states, params["label"], timeout=params["timeout"])
+        states = plan(specs, dest, http, record=not module.check_mode)
+        check_headers(states, http)
         needed, free = check_space(states, dest, params["free_margin_mib"] * 1024 * 1024)
     except FetchError as exc:
-        module.fail_json(msg=str(exc))
+        module.fail_json(msg=str(exc), retried=http.notes if http else [])
     todo = [s for s in states if s.action != "none"]
     result = {
         "changed": bool(todo),
@@ -137,6 +209,7 @@ def run(module: AnsibleModule) -> dict:
         "fetched": [s.spec.name for s in todo],
         "bytes_needed": needed,
         "free_bytes": free,
+        "retried": http.notes,
         "warnings_": [n for s in states for n in s.notes],
         "diff": {
             "before": "".join(f"{s.spec.name}: {'verified' if s.verified else 'missing'}\n" for s in states),
@@ -149,9 +222,10 @@ def run(module: AnsibleModule) -> dict:
         os.makedirs(dest, mode=0o755, exist_ok=True)
     for state in todo:
         try:
-            download(state, timeout=params["timeout"])
+            download(state, http)
         except FetchError as exc:
-            module.fail_json(msg=str(exc), fetched=[s.spec.name for s in todo if os.path.isfile(s.path)])
+            module.fail_json(msg=str(exc), fetched=[s.spec.name for s in todo if os.path.isfile(s.path)],
+                             retried=http.notes)
     for state in states:
         file_args = module.load_file_common_arguments(
             {"path": state.path, "owner": params["owner"], "group": params["group"], "mode": params["mode"]}
@@ -180,6 +254,12 @@ def main() -> None:
             free_margin_mib=dict(type="int", default=1024),
             timeout=dict(type="int", default=60),
             label=dict(type="str", default="files"),
+            token=dict(type="str", no_log=True),
+            headers=dict(type="dict", default={}, no_log=True),
+            auth_redirect_hosts=dict(type="list", elements="str", default=[]),
+            retries=dict(type="int", default=5),
+            retry_delay=dict(type="float", default=5),
+            labels=dict(type="dict", default={}),
         ),
         supports_check_mode=True,
     )

@@ -17,6 +17,8 @@ def test_status_reports_every_host_active_and_healthy(deployed, fleet):
     assert orch["role"] == "orchestrator" and orch["state"] == "active" and orch["health"] == "ok"
     assert orch["endpoint"] == Endpoint.of(fleet).url and orch["unit"] == constants.LLAMA_SERVER_UNIT
     assert orch["build"], orch
+    # every host's layout came from the deployment record its roles wrote
+    assert all(row["recorded"] for row in rows.values()), rows
     for worker in fleet.workers:
         row = rows[worker.name]
         assert row["state"] == "active" and row["unit"] == constants.RPC_SERVER_UNIT
@@ -47,3 +49,17 @@ def test_probe_measures_every_orchestrator_worker_link(deployed, fleet):
     for line in lines:
         connect_ms, mb_s = (float(x) for x in line.split()[-2:])
         assert connect_ms >= 0 and mb_s > 1, line
+
+
+def test_each_host_has_a_deployment_record_of_what_its_roles_made(deployed, fleet):
+    records = {name: json.loads(res.stdout) for name, res in fleet.run(f"cat {constants.DEPLOYMENT_RECORD_PATH}").items()}
+    orch = records[fleet.orchestrator.name]
+    assert orch["schema"] == constants.DEPLOYMENT_RECORD_SCHEMA
+    assert orch["collection_version"] == constants.COLLECTION_VERSION
+    llama = orch["sections"]["llama_server"]
+    assert llama["units"] == [constants.LLAMA_SERVER_UNIT] and llama["api_endpoint"] == Endpoint.of(fleet).url
+    assert llama["build_id"] and llama["api_key_file"] == constants.API_KEY_PATH
+    for worker in fleet.workers:
+        rpc = records[worker.name]["sections"]["rpc_server"]
+        assert rpc["units"] == [constants.RPC_SERVER_UNIT] and rpc["ports"] == [constants.RPC_SERVER_PORT]
+        assert rpc["build_id"] == llama["build_id"] and rpc["cache_dir"].endswith("/cache/rpc")

@@ -219,6 +219,8 @@ def machine_fleet(tmp_path: Path, server: Callable[..., FakeServer], connector: 
     gate_state_file = tmp_path / "lab1" / "run" / constants.GATE_RUNTIME_DIR / "state.json"
     gate_state_file.parent.mkdir(parents=True)
     monkeypatch.setattr(constants, "GATE_STATE_PATH", str(gate_state_file))
+    # every host's deployment record (one file: the hosts share this machine); absent unless a test writes it
+    monkeypatch.setattr(constants, "DEPLOYMENT_RECORD_PATH", str(tmp_path / "deployment.json"))
 
     def write_gate_state(name: str, age: float = 0.0, **changes: Any) -> dict[str, Any]:
         doc = gate_state_doc(name, age, **changes)
@@ -250,6 +252,7 @@ def machine_fleet(tmp_path: Path, server: Callable[..., FakeServer], connector: 
 
     conn = connector(answer)
     return SimpleNamespace(fleet=Fleet.from_inventory_json(data, conn), server=srv, connector=conn, log=log,
+                           record_file=tmp_path / "deployment.json",
                            inventory=data, gate_state_file=gate_state_file, write_gate_state=write_gate_state)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -260,7 +261,7 @@ def test_journal_of_a_host_without_units_is_a_user_error():
 
 # End to end on this machine
 
-def test_fleet_status_reads_every_host_once(machine_fleet):
+def test_fleet_status_reads_every_host_record_then_its_facts(machine_fleet):
     rows = {r["host"]: r for r in fleet_status(machine_fleet.fleet)}
     assert list(rows) == ["lab1", "lab2", "lab3", "lab4"]
     orch = rows["lab1"]
@@ -279,7 +280,9 @@ def test_fleet_status_reads_every_host_once(machine_fleet):
     assert [u["state"] for u in lab3["units"]] == ["active", "activating"]
     assert rows["lab4"]["state"] == "unreachable" and "timed out" in rows["lab4"]["error"]
     assert [is_bad(rows[h]) for h in rows] == [False, False, True, True]
-    assert sorted(h for h, _ in machine_fleet.connector.calls) == ["lab1", "lab2", "lab3", "lab4"]
+    # one session for the deployment records, one for the facts (none for lab4, whose record could not be read)
+    assert sorted(h for h, _ in machine_fleet.connector.calls) == ["lab1", "lab1", "lab2", "lab2", "lab3", "lab3",
+                                                                   "lab4"]
     # the gate (its recorded serving state, written now) and the guards, read in the same session
     assert (orch["gate"], orch["serving"], orch["serving_state"]) == (
         "active", "serving: llama-server is serving", "serving")
@@ -352,3 +355,32 @@ def _with_env(answer, **extra):
     """The answer with extra environment variables exported before each command."""
     prefix = " ".join(f"{k}={v}" for k, v in extra.items())
     return lambda host, command: answer(host, f"export {prefix}\n{command}")
+
+
+def test_status_follows_the_deployment_record_over_the_inventory(machine_fleet):
+    """A worker whose role ran with another cache folder and unit names (set in a play, not the inventory):
+    status reads the record the role wrote and reports the real units and cache."""
+    import json
+
+    lab2_home = machine_fleet.fleet.hosts["lab2"].vars["rpc_server_home"]
+    moved = Path(lab2_home).parent / "elsewhere"
+    moved.mkdir()
+    (moved / "a").write_bytes(bytes(10))
+    record = {"schema": constants.DEPLOYMENT_RECORD_SCHEMA, "collection_version": "0.1.0", "sections": {
+        "rpc_server": {"units": ["llamafleet-rpc-server-cuda0.service"], "cache_dir": str(moved),
+                       "guard_unit": constants.RPC_GUARD_UNIT}}}
+    machine_fleet.record_file.write_text(json.dumps(record))
+    rows = {r["host"]: r for r in fleet_status(machine_fleet.fleet)}
+    assert rows["lab2"]["unit"] == "llamafleet-rpc-server-cuda0.service" and rows["lab2"]["recorded"] is True
+    assert rows["lab2"]["cache_files"] == 1
+    assert rows["lab1"]["recorded"] is False  # the orchestrator has no llama_server section in this record
+
+
+def test_a_record_from_a_newer_llamafleet_is_refused_per_host(machine_fleet):
+    import json
+
+    machine_fleet.record_file.write_text(json.dumps({"schema": constants.DEPLOYMENT_RECORD_SCHEMA + 1,
+                                                     "collection_version": "9.0.0", "sections": {}}))
+    rows = {r["host"]: r for r in fleet_status(machine_fleet.fleet)}
+    assert rows["lab2"]["state"] == "unreachable" or "error" in rows["lab2"]
+    assert "written by a newer llamafleet" in rows["lab2"]["error"] and "9.0.0" in rows["lab2"]["error"]

@@ -41,6 +41,11 @@ def _spec(role: str) -> dict:
     ("llama_server", "llama_server_workers_group", c.GROUP_WORKERS),
     ("llamacpp_build", "llamacpp_build_root", c.LLAMACPP_ROOT),
     ("model", "model_dir", c.MODEL_DIR),
+    ("rpc_server", "rpc_server_textfile_dir", c.NODE_EXPORTER_TEXTFILE_DIR),
+    ("monitoring", "monitoring_llama_server_port", c.LLAMA_SERVER_PORT),
+    ("monitoring", "monitoring_prometheus_port", c.PROMETHEUS_PORT),
+    ("monitoring", "monitoring_node_exporter_port", c.NODE_EXPORTER_PORT),
+    ("monitoring", "monitoring_node_exporter_textfile_dir", c.NODE_EXPORTER_TEXTFILE_DIR),
 ])
 def test_role_defaults_equal_the_constants(role: str, variable: str, constant: object) -> None:
     assert _defaults(role)[variable] == constant

@@ -19,8 +19,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[3]
 ROLES = REPO / "roles"
 PUBLIC = sorted(p.name for p in ROLES.iterdir() if (p / "tasks" / "main.yml").is_file() and not p.name.startswith("_"))
-# The roles deploy.yml applies (bench drives llama_server from playbooks/bench.yml and checks its own input).
-DEPLOY = [r for r in PUBLIC if r != "bench"]
+# The roles deploy.yml applies (bench drives llama_server from playbooks/bench.yml and checks its own input;
+# monitoring runs from playbooks/monitoring.yml, after a deploy).
+DEPLOY = [r for r in PUBLIC if r not in ("bench", "monitoring")]
 # Each role's output fact.
 OUTPUTS = {"llamacpp_build": "llamacpp_build_info", "model": "model_info", "rpc_server": "rpc_server_endpoints"}
 # Cross-role reads outside defaults: llama_server collects the workers' endpoints from its workers group;
@@ -41,7 +42,7 @@ def _role_files(role: str) -> list[Path]:
 
 
 def test_the_public_roles() -> None:
-    assert PUBLIC == ["bench", "llama_server", "llamacpp_build", "model", "rpc_server"]
+    assert PUBLIC == ["bench", "llama_server", "llamacpp_build", "model", "monitoring", "rpc_server"]
 
 
 # Task keywords whose values are bare Jinja expressions.
@@ -138,9 +139,9 @@ def test_both_service_roles_use_common() -> None:
     assert sorted(where.split("/")[0] + " " + where.rsplit(" ", 1)[1] for where, _task in _common_includes()) == [
         # llama_server checks two ports: the clients' (the gate's) and llama-server's loopback one
         "bench port_check", "llama_server port_check", "llama_server port_check", "llama_server supported_system",
-        "llama_server user",
-        "llamacpp_build supported_system",
-        "rpc_server port_check", "rpc_server supported_system", "rpc_server user"]
+        "llama_server user", "llama_server user_absent",
+        "llamacpp_build prune", "llamacpp_build supported_system", "model prune",
+        "rpc_server port_check", "rpc_server supported_system", "rpc_server user", "rpc_server user_absent"]
 
 
 @pytest.mark.parametrize(("where", "task"), _common_includes(), ids=lambda v: v if isinstance(v, str) else "")

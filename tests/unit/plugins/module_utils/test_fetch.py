@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from llamafleet.core import fetch
+from llamafleet.core.fetch_policy import Names
 from llamafleet.lab.mirror import MirrorServer
 
 BLOB = os.urandom(3 * 1024 * 1024 + 123)
@@ -81,7 +82,7 @@ def test_unreachable_and_missing_sources_are_named(server: str, tmp_path: Path) 
     with pytest.raises(fetch.FetchError, match="HTTP 404"):
         fetch.plan([fetch.FileSpec(server.replace("m.gguf", "missing.gguf"), SHA)], str(tmp_path))
     with pytest.raises(fetch.FetchError, match="unreachable"):
-        fetch.plan([fetch.FileSpec("http://127.0.0.1:9/m.gguf", SHA)], str(tmp_path), timeout=2)
+        fetch.plan([fetch.FileSpec("http://127.0.0.1:9/m.gguf", SHA)], str(tmp_path), fetch.Http(timeout=2, retries=0))
 
 
 def test_space_check_names_the_directory(server: str, tmp_path: Path) -> None:
@@ -141,17 +142,17 @@ def test_check_header(sources, ranges: bool, name: str, message: str | None) -> 
     size = good.stat().st_size
     # a first read of 4 KiB makes the check grow its range over the 72 KiB header
     if message is None:
-        fetch.check_header(url, "model_files[3]", timeout=5, first_bytes=4096)
+        fetch.check_header(url, "model_files[3]", fetch.Http(timeout=5), first_bytes=4096)
         return
     with pytest.raises(fetch.FetchError) as info:
-        fetch.check_header(url, "model_files[3]", timeout=5, first_bytes=4096)
+        fetch.check_header(url, "model_files[3]", fetch.Http(timeout=5), first_bytes=4096)
     assert str(info.value).startswith(message.format(url=url, cut=size - 1000, size=size)), str(info.value)
 
 
 def test_check_header_reads_at_most_the_cap(sources) -> None:
     url = sources[0][0] + "/good.gguf"
     with pytest.raises(fetch.FetchError, match=r"the GGUF header is longer than 0 MiB, the most this check reads"):
-        fetch.check_header(url, "f[0]", timeout=5, first_bytes=1024, max_bytes=16384)
+        fetch.check_header(url, "f[0]", fetch.Http(timeout=5), first_bytes=1024, max_bytes=16384)
 
 
 def test_check_headers_only_for_files_to_fetch(sources, tmp_path: Path) -> None:
@@ -161,11 +162,13 @@ def test_check_headers_only_for_files_to_fetch(sources, tmp_path: Path) -> None:
     (dest / "login.html").write_bytes(HTML)  # in place and verified: never read again
     specs = [fetch.FileSpec(base + "/login.html", hashlib.sha256(HTML).hexdigest()),
              fetch.FileSpec(base + "/good.gguf", "0" * 64), fetch.FileSpec(base + "/unknown.gguf", "0" * 64)]
-    states = fetch.plan(specs, str(dest))
+    http = fetch.Http(timeout=5, names=Names(files="model_files"))
+    states = fetch.plan(specs, str(dest), http)
     assert [s.action for s in states] == ["none", "download", "download"]
+    assert [s.label for s in states] == ["model_files[0]", "model_files[1]", "model_files[2]"]
     with pytest.raises(fetch.FetchError, match=r"^model_files\[2\] \(.*/unknown.gguf\): required metadata keys"):
-        fetch.check_headers(states, "model_files", timeout=5)
-    fetch.check_headers(states[:2], "model_files", timeout=5)
+        fetch.check_headers(states, http)
+    fetch.check_headers(states[:2], http)
 
 
 @pytest.mark.parametrize(("value", "total"), [
@@ -185,3 +188,189 @@ def test_content_range_total(value: str | None, total: int | None) -> None:
 ])
 def test_describe_start(content_type: str, head: bytes, expected: str) -> None:
     assert fetch.describe_start(content_type, head) == expected
+
+
+# --- credentials, redirects and retries, against a server that misbehaves on cue ---------------------------
+
+TOKEN = "hf_" + "T0kEn" * 8
+KEY = "mirror-key-" + "k3y" * 8
+
+
+@pytest.fixture()
+def flaky(tmp_path: Path):
+    """Factory: flaky(host) starts a FlakyServer serving m.gguf (BLOB) under that host name."""
+    from flaky_server import start
+
+    root = tmp_path / "flaky"
+    root.mkdir()
+    (root / "m.gguf").write_bytes(BLOB)
+    servers = []
+
+    def make(host: str = "127.0.0.1"):
+        servers.append(start(root, host))
+        return servers[-1]
+
+    yield make
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+def fetch_file(url: str, dest: Path, http: fetch.Http) -> fetch.FileState:
+    """plan() and download() of one file, as the module does (without the GGUF check: BLOB is not GGUF)."""
+    state = fetch.plan([fetch.FileSpec(url, SHA)], str(dest), http)[0]
+    if state.action != "none":
+        dest.mkdir(exist_ok=True)
+        fetch.download(state, http)
+    return state
+
+
+def rules(*specs: dict):
+    from flaky_server import Rule
+
+    return [Rule(**spec) for spec in specs]
+
+
+@pytest.mark.parametrize(("script", "kinds", "ranges", "sleeps"), [
+    pytest.param([], ["HEAD", "get"], [None], [], id="no-trouble"),
+    pytest.param([dict(kind="HEAD", status=503, times=3)], ["HEAD"] * 4 + ["get"], [None], [2, 4, 8],
+                 id="503-backoff-doubles"),
+    pytest.param([dict(kind="get", status=502, times=2)], ["HEAD", "get", "get", "get"], [None] * 3, [2, 4],
+                 id="502-on-the-download"),
+    pytest.param([dict(status=429, headers={"Retry-After": "7"})], ["HEAD", "HEAD", "get"], [None], [7],
+                 id="429-retry-after-seconds"),
+    pytest.param([dict(kind="get", status=503, headers={"Retry-After": "Tue, 14 Nov 2023 22:14:20 GMT"})],
+                 ["HEAD", "get", "get"], [None, None], [30], id="503-retry-after-date"),
+    pytest.param([dict(kind="get", drop_after=100_000)], ["HEAD", "get", "get"], [None, "bytes=100000-"], [2],
+                 id="dropped-then-resumed"),
+    pytest.param([dict(kind="get", drop_after=0)], ["HEAD", "get", "get"], [None, None], [2],
+                 id="dropped-before-the-body"),
+    # the 2 MB the second attempt fetched start the count again: its drop is failure 1 again (a 2 s wait), not 2
+    pytest.param([dict(kind="get", drop_after=500_000), dict(kind="get", drop_after=2_000_000)],
+                 ["HEAD", "get", "get", "get"], [None, "bytes=500000-", "bytes=2500000-"], [2, 2],
+                 id="progress-resets-the-count"),
+])
+def test_transient_failures_are_retried(flaky, tmp_path: Path, script, kinds, ranges, sleeps) -> None:
+    srv = flaky()
+    srv.rules = rules(*script)
+    waits: list[float] = []
+    http = fetch.Http(timeout=5, retry_delay=2, sleep=waits.append, clock=lambda: 1_700_000_030.0)
+    fetch_file(srv.url("m.gguf"), tmp_path / "dest", http)
+    assert hashlib.sha256((tmp_path / "dest" / "m.gguf").read_bytes()).hexdigest() == SHA
+    assert srv.kinds() == kinds
+    assert [seen.headers.get("Range") for seen in srv.seen if seen.kind == "get"] == ranges
+    assert waits == sleeps
+    assert len(http.notes) == len(sleeps)
+    assert all(note.startswith("files[0].url %s: 127.0.0.1:%d " % (srv.url("m.gguf"), srv.server_address[1]))
+               for note in http.notes), http.notes
+
+
+@pytest.mark.parametrize(("script", "retries", "message", "kinds", "left"), [
+    pytest.param([dict(status=503, times=99)], 2,
+                 "{host} answered HTTP 503 Service Unavailable; gave up after 3 attempts (retries=2); run again later",
+                 ["HEAD"] * 3, 0, id="503-until-the-retries-are-spent"),
+    pytest.param([dict(status=503, times=99)], 0, "{host} answered HTTP 503 Service Unavailable; run again later",
+                 ["HEAD"], 0, id="no-retries"),
+    pytest.param([dict(kind="get", drop_after=100_000, times=99)], 1,
+                 "{host} closed the connection after 100000 of %d bytes; gave up after 2 attempts (retries=1); "
+                 "run again to resume" % (len(BLOB) - 100_000), ["HEAD", "get", "get"], 200_000, id="dropped-twice"),
+    pytest.param([dict(status=429, headers={"Retry-After": "301"})], 5,
+                 "{host} answered HTTP 429 Too Many Requests; the server asks to retry in 301 s, longer than the "
+                 "300 s this waits at most; run again later", ["HEAD"], 0, id="429-asks-too-much"),
+    pytest.param([dict(kind="get", status=404)], 5,
+                 "{host} answered HTTP 404 Not Found: no such file, check files[0].url", ["HEAD", "get"], 0,
+                 id="404-at-once"),
+    pytest.param([dict(kind="HEAD", status=403)], 5,
+                 "{host} answered HTTP 403 Forbidden: it needs credentials: set token (or headers)", ["HEAD"], 0,
+                 id="403-at-once"),
+    pytest.param([dict(kind="HEAD", status=501)], 5, "{host} answered HTTP 501 Not Implemented", ["HEAD"], 0,
+                 id="501-at-once"),
+])
+def test_what_fails_and_how_it_says_so(flaky, tmp_path: Path, script, retries, message, kinds, left) -> None:
+    srv = flaky()
+    srv.rules = rules(*script)
+    url = srv.url("m.gguf")
+    http = fetch.Http(timeout=5, retries=retries, retry_delay=0, sleep=lambda s: None)
+    with pytest.raises(fetch.FetchError) as info:
+        fetch_file(url, tmp_path, http)
+    host = "127.0.0.1:%d" % srv.server_address[1]
+    assert str(info.value) == "files[0].url %s: %s" % (url, message.format(host=host))
+    assert srv.kinds() == kinds
+    part = tmp_path / "m.gguf.part"
+    assert (part.stat().st_size if part.exists() else 0) == left
+    if left:  # the next run resumes from what the failed one kept
+        srv.rules = []
+        state = fetch_file(url, tmp_path, http)
+        assert state.action == "resume" and srv.seen[-1].headers.get("Range") == "bytes=%d-" % left
+        assert (tmp_path / "m.gguf").read_bytes() == BLOB
+
+
+BEARER = {"Authorization": "Bearer " + TOKEN}
+
+
+@pytest.mark.parametrize(("origin_wants", "cdn_wants", "settings", "message", "cdn_gets_them"), [
+    pytest.param(BEARER, {}, {"token": TOKEN}, None, False, id="token-stays-with-the-origin"),
+    pytest.param({"X-Mirror-Key": KEY}, {}, {"headers": {"X-Mirror-Key": KEY}}, None, False, id="header-too"),
+    pytest.param(BEARER, BEARER, {"token": TOKEN},
+                 "{cdn} answered HTTP 401 Unauthorized after a redirect from {origin}; the token and headers go only "
+                 "to {origin}: add localhost to auth_redirect_hosts if it needs them", False, id="cdn-wants-it"),
+    pytest.param(BEARER, BEARER, {"token": TOKEN, "auth_redirect_hosts": ("localhost",)}, None, True,
+                 id="cdn-listed"),
+    pytest.param(BEARER, {}, {}, "{origin} answered HTTP 401 Unauthorized: it needs credentials: set token (or "
+                                 "headers)", False, id="no-token"),
+    pytest.param(BEARER, {}, {"token": "hf_wrong_" + TOKEN[::-1]},
+                 "{origin} answered HTTP 401 Unauthorized to the credentials sent: check that token (or headers) may "
+                 "read it (on Hugging Face: a token of an account that accepted a gated model's conditions)", False,
+                 id="wrong-token"),
+])
+def test_credentials_go_to_the_origin_only(flaky, tmp_path: Path, origin_wants, cdn_wants, settings, message,
+                                           cdn_gets_them) -> None:
+    """The origin wants credentials and redirects (302, with a signed query) to a CDN on another host name."""
+    cdn = flaky("localhost")
+    origin = flaky()
+    origin.require, cdn.require = dict(origin_wants), dict(cdn_wants)
+    origin.redirect_to = cdn.base
+    http = fetch.Http(timeout=5, retries=0, **settings)
+    assert TOKEN not in repr(http) and KEY not in repr(http)
+    url = origin.url("m.gguf")
+    names = {"origin": "127.0.0.1:%d" % origin.server_address[1], "cdn": "localhost:%d" % cdn.server_address[1]}
+    if message is None:
+        fetch_file(url, tmp_path, http)
+        assert (tmp_path / "m.gguf").read_bytes() == BLOB
+        assert origin.kinds() == cdn.kinds() == ["HEAD", "get"]
+        assert all(seen.path.endswith("?X-Amz-Signature=" + origin.signature) for seen in cdn.seen)
+    else:
+        with pytest.raises(fetch.FetchError) as info:
+            fetch_file(url, tmp_path, http)
+        assert str(info.value) == "files[0].url %s: %s" % (url, message.format(**names))
+        assert origin.signature not in str(info.value)
+    sent = list(settings.get("headers", {}).items())
+    if settings.get("token"):
+        sent.append(("Authorization", "Bearer " + settings["token"]))
+    for seen in origin.seen:
+        assert all(seen.headers.get(name) == value for name, value in sent), seen
+    for seen in cdn.seen:
+        assert all((seen.headers.get(name) == value) is cdn_gets_them for name, value in sent), seen
+
+
+def test_redirect_to_a_file_url_is_refused(flaky, tmp_path: Path) -> None:
+    origin = flaky()
+    origin.redirect_to = "file:///etc"
+    with pytest.raises(fetch.FetchError, match=r"^files\[0\]\.url .*: 127\.0\.0\.1:\d+ answered with a redirect to a "
+                                               r"URL that is not http or https \(file:///etc/m\.gguf\?\.\.\.\)$"):
+        fetch_file(origin.url("m.gguf"), tmp_path, fetch.Http(timeout=5, retries=0))
+
+
+def test_bad_headers_fail_before_any_request(flaky) -> None:
+    with pytest.raises(fetch.FetchError, match=r"^headers\['X-Key'\]: the value has a line break$"):
+        fetch.Http(headers={"X-Key": KEY + "\nX-Other: 1"})
+
+
+def test_a_complete_part_file_is_not_fetched_again(flaky, tmp_path: Path) -> None:
+    """A .part that already holds the whole file (a run stopped before the rename) gets 416 for its range."""
+    srv = flaky()
+    (tmp_path / "m.gguf.part").write_bytes(BLOB)
+    state = fetch_file(srv.url("m.gguf"), tmp_path, fetch.Http(timeout=5, retries=0))
+    assert state.action == "resume" and state.partial_bytes == len(BLOB)
+    assert (tmp_path / "m.gguf").read_bytes() == BLOB
+    assert srv.kinds() == ["HEAD", "get"]

@@ -1,0 +1,69 @@
+"""A worker leaves the inventory, then comes back: deploy re-plans, reports, and restarts only the orchestrator.
+
+Removing lab3 from the inventory and deploying: the orchestrator re-plans over lab2 alone and serves, lab3's
+llamafleet units are stopped and removed (its users, caches and builds stay), the removal is reported, and
+lab2's rpc-server keeps running untouched. Putting lab3 back: it is deployed again, the plan spans both workers,
+and again only llama-server restarts.
+"""
+
+from __future__ import annotations
+
+import json
+
+from llamafleet.cluster import Endpoint, read_plan
+from llamafleet.core import constants
+from tests.helpers import INVENTORY, playbook
+
+RECORD = INVENTORY.parent / ".llamafleet" / "deployment.json"
+
+
+def invocation(fleet, host, unit) -> str:
+    """The unit's InvocationID: it changes on every (re)start."""
+    return fleet.run_one(f"systemctl show -p InvocationID --value {unit}", fleet.hosts[host]).strip()
+
+
+def unit_files(fleet, host) -> list[str]:
+    out = fleet.run_one(f"ls {constants.SYSTEMD_DIR} | grep '^{constants.UNIT_PREFIX}' || true", fleet.hosts[host])
+    return out.split()
+
+
+def test_a_worker_removed_then_added_back(deployed, fleet, tmp_path):
+    lab2_rpc = invocation(fleet, "lab2", constants.RPC_SERVER_UNIT)
+    llama = invocation(fleet, "lab1", constants.LLAMA_SERVER_UNIT)
+    assert lab2_rpc and llama
+
+    # the same inventory without lab3, beside it so that its group_vars apply
+    without = INVENTORY.parent / "hosts-without-lab3.ini"
+    without.write_text("".join(line for line in INVENTORY.read_text().splitlines(keepends=True)
+                               if not line.startswith("lab3 ")))
+    try:
+        run = playbook("deploy.yml", inventory=without, timeout=1800)
+    finally:
+        without.unlink()
+    assert run.rc == 0, run.output[-8000:]
+    assert "lab3 left the fleet (it was worker)" in run.output, run.output[-6000:]
+    assert unit_files(fleet, "lab3") == [], "lab3 still has llamafleet units"
+    assert fleet.run_one(f"test -e {constants.DEPLOYMENT_RECORD_PATH} && echo yes || echo no",
+                         fleet.hosts["lab3"]).strip() == "no"
+    assert invocation(fleet, "lab2", constants.RPC_SERVER_UNIT) == lab2_rpc, "lab2's rpc-server was restarted"
+    assert invocation(fleet, "lab1", constants.LLAMA_SERVER_UNIT) != llama
+    plan = read_plan(fleet)
+    assert {d["host"] for d in plan["devices"] if d.get("host")} <= {"lab2", "lab1"}
+    assert Endpoint.of(fleet).complete("The capital of France is", n_predict=8)["content"]
+    record = json.loads(RECORD.read_text())
+    assert sorted(record["hosts"]) == ["lab1", "lab2"]
+
+    llama = invocation(fleet, "lab1", constants.LLAMA_SERVER_UNIT)
+    back = playbook("deploy.yml", timeout=1800)
+    assert back.rc == 0, back.output[-8000:]
+    assert "lab3 joined the fleet as worker" in back.output
+    assert constants.RPC_SERVER_UNIT in unit_files(fleet, "lab3")
+    assert invocation(fleet, "lab2", constants.RPC_SERVER_UNIT) == lab2_rpc, "lab2's rpc-server was restarted"
+    assert invocation(fleet, "lab1", constants.LLAMA_SERVER_UNIT) != llama
+    assert "lab3" in {d.get("host") for d in read_plan(fleet)["devices"]}
+    assert Endpoint.of(fleet).complete("The capital of France is", n_predict=8)["content"]
+    assert sorted(json.loads(RECORD.read_text())["hosts"]) == ["lab1", "lab2", "lab3"]
+    # and a deploy of the same fleet changes nothing and reports nothing
+    again = playbook("deploy.yml", timeout=1800)
+    assert again.rc == 0 and again.changed == 0, again.recap
+    assert "joined the fleet as" not in again.output and "left the fleet (it was" not in again.output

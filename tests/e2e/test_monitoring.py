@@ -1,0 +1,130 @@
+"""playbooks/monitoring.yml on the deployed lab: Debian's Prometheus and node exporters scraping the real cluster.
+
+Runs after test_deploy.py on its converged lab (lab1 the orchestrator, two workers). The lab has no host outside
+the cluster, so the orchestrator is the monitoring host too: a second inventory source puts it in the
+llamafleet_monitoring group. Grafana is left out (monitoring_grafana: false): the lab reaches Debian's archive only,
+not apt.grafana.com.
+
+Then the real Prometheus answers, on the monitoring host's loopback: every target is up, the orchestrator's
+llama-server (its /metrics through the serving gate, with the API key the role copied) and every host's node
+exporter; each worker's rpc-server is up (its textfile metrics, written by the rpc_server role's timer), and
+serves llama-server on every endpoint of the plan; llama-server's own counters arrive. A second run changes
+nothing. Prometheus and the node exporters are stopped at the end, so that later tests (the benchmarks) time the
+cluster alone.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+import urllib.parse
+
+import pytest
+import yaml
+
+from llamafleet.cluster import Endpoint, read_plan
+from llamafleet.core import constants
+from tests.helpers import playbook
+
+# The lab reaches no third-party repository.
+EXTRA = ["-e", json.dumps({"monitoring_grafana": False})]
+# Prometheus scrapes every 15 s (monitoring_scrape_interval) and the workers write their facts every 15 s.
+SCRAPE_WAIT = 90.0
+
+
+@pytest.fixture(scope="module")
+def monitoring_inventory(fleet, tmp_path_factory):
+    """A second inventory source: the orchestrator in the llamafleet_monitoring group."""
+    path = tmp_path_factory.mktemp("monitoring") / "monitoring.yml"
+    path.write_text(yaml.safe_dump({"all": {"children": {
+        constants.GROUP_MONITORING: {"hosts": {fleet.orchestrator.name: None}}}}}))
+    return ["-i", str(path)]
+
+
+@pytest.fixture(scope="module")
+def monitored(deployed, fleet, monitoring_inventory):
+    run = playbook("monitoring.yml", *monitoring_inventory, *EXTRA, timeout=1800)
+    assert run.rc == 0, run.output[-8000:]
+    yield run
+    fleet.run("systemctl disable --now prometheus.service prometheus-node-exporter.service 2>/dev/null; true",
+              timeout=120)
+
+
+def query(fleet, expr: str) -> list[dict]:
+    """An instant query's result vector, asked on the monitoring host (Prometheus listens on its loopback)."""
+    url = "http://127.0.0.1:%d/api/v1/query?query=%s" % (constants.PROMETHEUS_PORT, urllib.parse.quote(expr))
+    script = "import urllib.request; print(urllib.request.urlopen(%r, timeout=10).read().decode())" % url
+    answer = json.loads(fleet.run_one("python3 -c %s" % shlex.quote(script), fleet.orchestrator,
+                                      what="Prometheus query %s" % expr))
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+def by_target(result: list[dict]) -> dict[tuple[str, str], str]:
+    """``{(job, llamafleet_host or instance): value}`` of a result vector."""
+    return {(r["metric"].get("job", ""), r["metric"].get("llamafleet_host", r["metric"].get("instance", ""))):
+            r["value"][1] for r in result}
+
+
+def wait_for(fleet, expr: str, done, timeout: float = SCRAPE_WAIT) -> list[dict]:
+    """Query until ``done(result)`` holds (scrapes and textfile writes come every 15 s); the last result."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = query(fleet, expr)
+        if done(result) or time.monotonic() > deadline:
+            return result
+        time.sleep(3)
+
+
+def test_every_target_is_up(monitored, fleet):
+    orch = fleet.orchestrator.name
+    hosts = sorted([orch] + [w.name for w in fleet.workers])
+    expected = {(constants.PROMETHEUS_JOB_LLAMA_SERVER, orch): "1", ("prometheus", "127.0.0.1:%d" % constants.PROMETHEUS_PORT): "1"}
+    expected.update({(constants.PROMETHEUS_JOB_NODE, host): "1" for host in hosts})
+    result = wait_for(fleet, "up", lambda r: by_target(r) == expected)
+    # every llama-server scrape went through the gate with the key (a refused key is up 0), every node exporter answers
+    assert by_target(result) == expected, json.dumps(result, indent=1)
+
+
+def test_llama_servers_counters_arrive(monitored, fleet):
+    endpoint = Endpoint.of(fleet)
+    before = query(fleet, "llamacpp:tokens_predicted_total")
+    answer = endpoint.complete("The capital of France is", n_predict=8)
+    assert answer["timings"]["predicted_n"] == 8
+    total = float(before[0]["value"][1]) if before else 0.0
+    result = wait_for(fleet, "llamacpp:tokens_predicted_total",
+                      lambda r: bool(r) and float(r[0]["value"][1]) >= total + 8)
+    assert result and float(result[0]["value"][1]) >= total + 8, result
+    assert result[0]["metric"]["job"] == constants.PROMETHEUS_JOB_LLAMA_SERVER
+
+
+def test_every_worker_reports_its_rpc_server(monitored, fleet):
+    workers = sorted(w.name for w in fleet.workers)
+    result = wait_for(fleet, "llamafleet_rpc_server_up",
+                      lambda r: sorted(x["metric"]["llamafleet_host"] for x in r) == workers
+                      and all(x["value"][1] == "1" for x in r))
+    assert sorted(x["metric"]["llamafleet_host"] for x in result) == workers, result
+    assert all(x["value"][1] == "1" and x["metric"]["unit"] == constants.RPC_SERVER_UNIT for x in result), result
+    # llama-server holds a connection to every endpoint of its plan, and the journal says since when
+    planned = {d["endpoint"] for d in read_plan(fleet)["devices"] if d.get("endpoint")}
+    connected = {x["metric"]["endpoint"]: x["value"][1] for x in query(fleet, "llamafleet_rpc_server_client_connected")}
+    assert planned and all(connected.get(e) == "1" for e in planned), (planned, connected)
+    since = {x["metric"]["endpoint"]: float(x["value"][1])
+             for x in query(fleet, "llamafleet_rpc_server_client_connected_since_seconds")}
+    assert set(since) >= planned and all(0 < time.time() - s < 86400 for s in since.values()), since
+    errors = query(fleet, "llamafleet_rpc_metrics_errors")
+    assert sorted(x["metric"]["llamafleet_host"] for x in errors) == workers
+    assert all(x["value"][1] == "0" for x in errors), errors
+
+
+def test_prometheus_reads_the_key_only_it_may_read(monitored, fleet):
+    orch = fleet.orchestrator
+    meta = fleet.run_one("stat -c '%a %U %G' /etc/prometheus/llamafleet-llama-server.key", orch)
+    assert meta.split() == ["640", "root", "prometheus"], meta
+
+
+def test_a_second_run_changes_nothing(monitored, fleet, monitoring_inventory):
+    run = playbook("monitoring.yml", *monitoring_inventory, *EXTRA, timeout=900)
+    assert run.rc == 0, run.output[-6000:]
+    assert run.changed == 0, run.output[-6000:]
