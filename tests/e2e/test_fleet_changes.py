@@ -67,3 +67,37 @@ def test_a_worker_removed_then_added_back(deployed, fleet, tmp_path):
     again = playbook("deploy.yml", timeout=1800)
     assert again.rc == 0 and again.changed == 0, again.recap
     assert "joined the fleet as" not in again.output and "left the fleet (it was" not in again.output
+
+
+def test_switching_to_one_rpc_server_per_device_and_back_leaves_no_stale_unit(deployed, fleet):
+    per_device = constants.rpc_server_unit("CPU")
+    switched = playbook("deploy.yml", "-e", json.dumps({"rpc_server_unit_per_device": True,
+                                                        "rpc_server_devices": ["CPU"]}), timeout=1800)
+    assert switched.rc == 0, switched.output[-8000:]
+    for worker in fleet.workers:
+        units = unit_files(fleet, worker.name)
+        assert per_device in units and constants.RPC_SERVER_UNIT not in units, (worker.name, units)
+        assert invocation(fleet, worker.name, per_device)
+    assert Endpoint.of(fleet).complete("The capital of France is", n_predict=8)["content"]
+
+    back = playbook("deploy.yml", timeout=1800)
+    assert back.rc == 0, back.output[-8000:]
+    for worker in fleet.workers:
+        units = unit_files(fleet, worker.name)
+        assert constants.RPC_SERVER_UNIT in units and per_device not in units, (worker.name, units)
+        state = fleet.run_one(f"systemctl is-active {per_device} || true", worker).strip()
+        assert state in ("inactive", "unknown"), (worker.name, state)
+    assert Endpoint.of(fleet).complete("The capital of France is", n_predict=8)["content"]
+
+
+def test_a_model_change_can_prune_the_other_models(deployed, fleet):
+    model_dir = constants.MODEL_DIR
+    worker = fleet.workers[0]
+    fleet.run_one(f"mkdir -p {model_dir}/old-model && head -c 1000 /dev/zero > {model_dir}/old-model/old.gguf", worker)
+    kept = playbook("deploy.yml", "--tags", "model", timeout=1800)
+    assert kept.rc == 0 and kept.changed == 0, kept.recap  # not asked: the other model stays
+    assert fleet.run_one(f"ls {model_dir}", worker).split().count("old-model") == 1
+    pruned = playbook("deploy.yml", "--tags", "model", "-e", "model_prune_others=true", timeout=1800)
+    assert pruned.rc == 0, pruned.output[-6000:]
+    left = fleet.run_one(f"ls {model_dir}", worker).split()
+    assert "old-model" not in left and worker.var("model_name") in left, left  # the model in use stays
