@@ -49,13 +49,13 @@ class Endpoint:
         orch = fleet.orchestrator
         recorded = deployment_record.section(record, "llama_server")
         if recorded.get("api_endpoint") and recorded.get("port"):
-            scheme = str(recorded["api_endpoint"]).split("://", 1)[0]
-            return cls(orch, str(recorded["bind_address"]), int(recorded["port"]),
-                       api_key_of(fleet) if api_key is None else api_key, scheme == "https")
-        address = str(orch.var("llama_server_bind_address", orch.cluster_address))
-        port = int(orch.var("llama_server_port", constants.LLAMA_SERVER_PORT))
-        return cls(orch, address, port, api_key_of(fleet) if api_key is None else api_key,
-                   bool(str(orch.var("llama_server_tls_cert", "") or "").strip()))
+            address, port = str(recorded["bind_address"]), int(recorded["port"])
+            tls = str(recorded["api_endpoint"]).startswith("https://")
+        else:
+            address = str(orch.var("llama_server_bind_address", orch.cluster_address))
+            port = int(orch.var("llama_server_port", constants.LLAMA_SERVER_PORT))
+            tls = bool(str(orch.var("llama_server_tls_cert", "") or "").strip())
+        return cls(orch, address, port, api_key_of(fleet) if api_key is None else api_key, tls)
 
     def _open(self, path: str, payload: dict[str, Any] | None, timeout: float):
         data = json.dumps(payload).encode() if payload is not None else None

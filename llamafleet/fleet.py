@@ -28,12 +28,10 @@ become another user (``ansible_become``, ``ansible_become_user``, ``ansible_beco
 from __future__ import annotations
 
 import getpass
-import json
 import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor

@@ -18,7 +18,6 @@ from .probe import Link, probe_links
 from .status import fleet_status, is_bad, journal_command
 
 
-
 def with_inventory(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """``-i INVENTORY`` and ``--vault-password-file FILE``, read as ansible-playbook reads them."""
     p.add_argument("-i", "--inventory", default=None,

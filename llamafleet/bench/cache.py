@@ -10,7 +10,6 @@ and the first load measured from the workers' interface counters.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 from pathlib import Path

@@ -32,6 +32,21 @@ def test_endpoint_address_and_port(vars_, url):
     assert Endpoint.of(Fleet.from_inventory_json(data), api_key="").url == url
 
 
+@pytest.mark.parametrize(("llama", "url"), [
+    # the record wins over the inventory: the role ran with other values (a play's vars, -e)
+    ({"api_endpoint": "https://192.0.2.5:8443", "bind_address": "192.0.2.5", "port": 8443}, "https://192.0.2.5:8443"),
+    ({"api_endpoint": "http://192.0.2.5:9000", "bind_address": "192.0.2.5", "port": 9000}, "http://192.0.2.5:9000"),
+    # a record without the llama_server section: the inventory (TLS from its certificate)
+    (None, f"https://10.0.0.1:{constants.LLAMA_SERVER_PORT}"),
+])
+def test_endpoint_follows_the_deployment_record(llama, url):
+    data = {constants.GROUP_ORCHESTRATOR: {"hosts": ["o"]},
+            "_meta": {"hostvars": {"o": {"llamafleet_cluster_address": "10.0.0.1",
+                                         "llama_server_tls_cert": "/etc/ssl/gate.pem"}}}}
+    record = {"schema": constants.DEPLOYMENT_RECORD_SCHEMA, "sections": {"llama_server": llama} if llama else {}}
+    assert Endpoint.of(Fleet.from_inventory_json(data), api_key="", record=record).url == url
+
+
 def _orchestrator_fleet(**hostvars: object) -> Fleet:
     data = {constants.GROUP_ORCHESTRATOR: {"hosts": ["o"]},
             "_meta": {"hostvars": {"o": {"llamafleet_cluster_address": "10.0.0.1", **hostvars}}}}
