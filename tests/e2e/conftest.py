@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -42,3 +43,25 @@ def fleet(deployed):
     from llamafleet.fleet import Fleet
 
     return Fleet.from_inventory(INVENTORY)
+
+
+# The label of the llama.cpp commit vendored in llama-cpp-python 0.3.35 (its changelog: ggml-org/llama.cpp@4df29be4f).
+OTHER_LLAMACPP_COMMIT = "4df29be4f"
+
+
+@pytest.fixture(scope="session")
+def other_llamacpp_source(lab) -> dict[str, str]:
+    """The llamacpp_build settings of a second llama.cpp source (llama-cpp-python 0.3.35's, RPC protocol 5 where
+    the lab's has 7), published on the lab's mirror: the upgrade and the bench's builds side by side use it, so
+    a fresh machine compiles it once for both (then the controller's artifact cache has it)."""
+    from llamafleet.lab import LabPaths
+    from llamafleet.lab.artifacts import LLAMA_CPP_OTHER_SOURCE, ensure_artifact, llama_cpp_archive_subdir
+    from llamafleet.lab.mirror import publish
+
+    path = ensure_artifact(LLAMA_CPP_OTHER_SOURCE, LabPaths.default().root)
+    return {
+        "llamacpp_build_archive_url": publish(path, LLAMA_CPP_OTHER_SOURCE.subdir),
+        "llamacpp_build_archive_sha256": LLAMA_CPP_OTHER_SOURCE.sha256,
+        "llamacpp_build_archive_subdir": llama_cpp_archive_subdir(LLAMA_CPP_OTHER_SOURCE),
+        "llamacpp_build_version": OTHER_LLAMACPP_COMMIT,
+    }

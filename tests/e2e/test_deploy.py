@@ -273,7 +273,7 @@ def test_orchestrator_is_elected_when_the_inventory_pins_none(deployed, tmp_path
     assert "llamafleet_orchestrator" in run.output
     # the tag selects the election and nothing else: no preflight, no role task (facts and argument
     # validation are Ansible's own, tagged always)
-    with (REPO / "playbooks" / "deploy.yml").open(encoding="utf-8") as handle:
+    with (REPO / "playbooks" / "_preflight.yml").open(encoding="utf-8") as handle:
         election = next(p for p in yaml.safe_load(handle) if "election_only" in p.get("tags", []))
     ran = set(re.findall(r"^TASK \[(.+?)\]", run.output, re.MULTILINE))
     ran = {t for t in ran if t != "Gathering Facts" and " : Validating arguments against arg spec " not in t}

@@ -158,7 +158,7 @@ def test_role_preflight_is_skipped_after_the_playbooks(role: str) -> None:
 
 
 def test_deploy_runs_every_preflight_then_records_it() -> None:
-    plays = _load(REPO / "playbooks" / "deploy.yml")
+    plays = _load(REPO / "playbooks" / "_preflight.yml")
     play = next(p for p in plays if any("_llamafleet_preflight_done" in (t.get("ansible.builtin.set_fact") or {})
                                         for t in p.get("tasks", [])))
     tasks = play["tasks"]
@@ -173,5 +173,9 @@ def test_deploy_runs_every_preflight_then_records_it() -> None:
     across = tasks[first + len(includes):-1]
     assert tasks[first:first + len(includes)] == includes and across and all(t.get("run_once") for t in across)
     assert tasks[-1]["ansible.builtin.set_fact"] == {"_llamafleet_preflight_done": True}
-    # ...before any play that applies a role
-    assert plays.index(play) < min(i for i, p in enumerate(plays) if p.get("roles"))
+    # ...imported by deploy.yml and upgrade.yml before any play that applies a role
+    for name in ("deploy.yml", "upgrade.yml"):
+        entries = _load(REPO / "playbooks" / name)
+        first_role = min(i for i, p in enumerate(entries) if p.get("roles"))
+        imports = [i for i, p in enumerate(entries) if p.get("ansible.builtin.import_playbook") == "_preflight.yml"]
+        assert len(imports) == 1 and imports[0] < first_role, name

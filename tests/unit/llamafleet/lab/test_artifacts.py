@@ -43,3 +43,24 @@ def test_wrong_content_is_refused_and_removed(tmp_path: Path, fetches: list[Path
     with pytest.raises(LabError, match="thing.bin from test has sha256 .*, expected 0{64}; refusing to use it"):
         artifacts.ensure_artifact(wrong, tmp_path, lambda _msg: None)
     assert len(fetches) == 1 and list((tmp_path / "src").iterdir()) == []
+
+
+@pytest.mark.parametrize(("artifact", "requirement", "subdir"), [
+    (artifacts.LLAMA_CPP_SOURCE, "llama-cpp-python==0.3.36", "llama_cpp_python-0.3.36/vendor/llama.cpp"),
+    (artifacts.LLAMA_CPP_OTHER_SOURCE, "llama-cpp-python==0.3.35", "llama_cpp_python-0.3.35/vendor/llama.cpp"),
+])
+def test_each_llama_cpp_source_is_fetched_as_its_own_sdist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          artifact, requirement, subdir) -> None:
+    asked: list[list[str]] = []
+
+    def fake_run(cmd, **_kwargs):
+        asked.append(cmd)
+        (Path(cmd[cmd.index("--dest") + 1]) / artifact.name).write_bytes(b"sdist")
+        return artifacts.subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(artifacts.subprocess, "run", fake_run)
+    dest = tmp_path / "got.tar.gz"
+    artifacts._FETCHERS[artifact.name](dest)
+    assert dest.read_bytes() == b"sdist" and asked[0][-1] == requirement and "--no-binary" in asked[0]
+    assert artifacts.llama_cpp_archive_subdir(artifact) == subdir
+    assert artifact.subdir == "src" and artifact.name == subdir.split("/")[0] + ".tar.gz"
