@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import time
 import urllib.error
 import urllib.request
@@ -13,7 +14,7 @@ from typing import Any
 from .core import constants, deployment_record
 from .errors import UserError
 from .fleet import Fleet, Host
-from .layout import as_bool
+from .layout import HostLayout, as_bool, host_layout, orchestrator_layout
 
 
 def error_message(body: bytes | str) -> str:
@@ -45,7 +46,8 @@ class Endpoint:
     @classmethod
     def of(cls, fleet: Fleet, api_key: str | None = None, record: dict[str, Any] | None = None) -> Endpoint:
         """The orchestrator's llama-server, where its deployment ``record`` says it listens (else where the
-        inventory says), with its API key (``api_key`` when given, else :func:`api_key`)."""
+        inventory says), with its API key (``api_key`` when given, else :func:`api_key_of`, which reads the
+        record itself when none is given and it needs the key file's path)."""
         orch = fleet.orchestrator
         recorded = deployment_record.section(record, "llama_server")
         if recorded.get("api_endpoint") and recorded.get("port"):
@@ -55,7 +57,9 @@ class Endpoint:
             address = str(orch.var("llama_server_bind_address", orch.cluster_address))
             port = int(orch.var("llama_server_port", constants.LLAMA_SERVER_PORT))
             tls = bool(str(orch.var("llama_server_tls_cert", "") or "").strip())
-        return cls(orch, address, port, api_key_of(fleet) if api_key is None else api_key, tls)
+        if api_key is None:
+            api_key = api_key_of(fleet, None if record is None else host_layout(fleet, orch, record))
+        return cls(orch, address, port, api_key, tls)
 
     def _open(self, path: str, payload: dict[str, Any] | None, timeout: float):
         data = json.dumps(payload).encode() if payload is not None else None
@@ -102,10 +106,11 @@ class Endpoint:
         return self.request("/completion", payload)
 
 
-def api_key_of(fleet: Fleet) -> str:
+def api_key_of(fleet: Fleet, layout: HostLayout | None = None) -> str:
     """The key clients send, found where the deploy put it: ``$LLAMAFLEET_API_KEY``; nothing when the
     inventory sets ``llama_server_api_auth`` false; the inventory's ``llama_server_api_key``; the controller
-    file ``llama_server_api_key_file``; else the key file on the orchestrator (read over SSH, as root)."""
+    file ``llama_server_api_key_file``; else the key file on the orchestrator that its deployment record
+    names (read over SSH, as root; ``layout``: the orchestrator's, else :func:`orchestrator_layout`)."""
     if os.environ.get("LLAMAFLEET_API_KEY"):
         return os.environ["LLAMAFLEET_API_KEY"]
     orch = fleet.orchestrator
@@ -119,32 +124,36 @@ def api_key_of(fleet: Fleet) -> str:
             return open(path, encoding="utf-8").read().strip()  # noqa: SIM115 - a small file read once
         except OSError as exc:
             raise UserError(f"{orch.name}: llama_server_api_key_file={path}: {exc.strerror}") from exc
-    text = fleet.run_one(f"cat {constants.API_KEY_PATH}", orch,
-                         what=f"cannot read the API key {constants.API_KEY_PATH} (deploy first, or set "
-                              "LLAMAFLEET_API_KEY)")
+    path = (layout or orchestrator_layout(fleet)).api_key_file
+    text = fleet.run_one(f"cat {shlex.quote(path)}", orch,
+                         what=f"cannot read the API key {path} (deploy first, or set LLAMAFLEET_API_KEY)")
     return text.strip()
 
 
-def read_plan(fleet: Fleet) -> dict[str, Any]:
-    """The split plan the deploy wrote on the orchestrator."""
+def read_plan(fleet: Fleet, layout: HostLayout | None = None) -> dict[str, Any]:
+    """The split plan the deploy wrote on the orchestrator, where its deployment record says (``layout``:
+    the orchestrator's, else :func:`orchestrator_layout`)."""
     orch = fleet.orchestrator
-    text = fleet.run_one(f"cat {constants.PLAN_PATH}", orch, what=f"cannot read {constants.PLAN_PATH}")
+    path = (layout or orchestrator_layout(fleet)).plan_path
+    text = fleet.run_one(f"cat {shlex.quote(path)}", orch, what=f"cannot read {path}")
     try:
         return json.loads(text)
     except ValueError as exc:
-        raise UserError(f"{orch.name}: {constants.PLAN_PATH} is not JSON ({exc})") from exc
+        raise UserError(f"{orch.name}: {path} is not JSON ({exc})") from exc
 
 
-def server_log_command(since_start: bool = True, lines: int = 4000) -> str:
-    """The journal of llama-server: from its last start (its invocation) or the last ``lines`` lines."""
-    unit = constants.LLAMA_SERVER_UNIT
+def server_log_command(since_start: bool = True, lines: int = 4000, unit: str = constants.LLAMA_SERVER_UNIT) -> str:
+    """The journal of llama-server's ``unit``: from its last start (its invocation) or the last ``lines`` lines."""
+    unit = shlex.quote(unit)
     if since_start:
         return (f"inv=$(systemctl show -p InvocationID --value {unit}); "
                 f"journalctl -o cat --no-pager _SYSTEMD_INVOCATION_ID=$inv")
     return f"journalctl -o cat --no-pager -n {int(lines)} -u {unit}"
 
 
-def server_log(fleet: Fleet, since_start: bool = True, lines: int = 4000) -> str:
-    """llama-server's journal on the orchestrator (from its last start when ``since_start``)."""
-    return fleet.run_one(server_log_command(since_start, lines), fleet.orchestrator,
-                         what=f"cannot read the journal of {constants.LLAMA_SERVER_UNIT}")
+def server_log(fleet: Fleet, since_start: bool = True, lines: int = 4000, layout: HostLayout | None = None) -> str:
+    """llama-server's journal on the orchestrator (from its last start when ``since_start``), of the unit its
+    deployment record names (``layout``: the orchestrator's, else :func:`orchestrator_layout`)."""
+    unit = (layout or orchestrator_layout(fleet)).llama_unit
+    return fleet.run_one(server_log_command(since_start, lines, unit), fleet.orchestrator,
+                         what=f"cannot read the journal of {unit}")

@@ -51,6 +51,25 @@ def default_sources() -> list[str]:
     return [str(s) for s in (C.DEFAULT_HOST_LIST or [])]
 
 
+def collection_playbook(fqcn: str) -> Path:
+    """The file of the collection playbook ``fqcn`` (``namespace.collection.playbook``) in Ansible's configured
+    collections path (``ANSIBLE_COLLECTIONS_PATH``, ansible.cfg's ``collections_path``), where ansible-playbook
+    finds it; a ``UserError`` that says how to install the collection when no path holds it."""
+    namespace, collection, name = fqcn.split(".", 2)
+    roots = [Path(p).expanduser() for p in (_ansible()[0].COLLECTIONS_PATHS or [])]
+    for root in roots:
+        for suffix in (".yml", ".yaml"):
+            path = root / "ansible_collections" / namespace / collection / "playbooks" / (name + suffix)
+            if path.is_file():
+                return path
+    where = ", ".join(str(r) for r in roots) or "(none configured)"
+    raise UserError(
+        f"the collection {namespace}.{collection} is not installed where Ansible looks for collections ({where}), "
+        f"so ansible-playbook cannot run {fqcn}: install it (ansible-galaxy collection install "
+        f"{namespace}-{collection}-<version>.tar.gz, or from Galaxy), set ANSIBLE_COLLECTIONS_PATH to where it is, "
+        f"or run from a checkout of llamafleet (its ansible.cfg finds the collection in the checkout)")
+
+
 def _vault_secrets(cli: Any, loader: Any, vault_ids: list[str], files: list[str]) -> list[Any]:
     """Ansible's vault secrets for ``files``; from ansible-core 2.19 on, also the process's secrets context
     (which decrypts vaulted values on use), replaced rather than refused when a second inventory is read."""

@@ -5,7 +5,8 @@ by the roles with the values they used: :mod:`llamafleet.core.deployment_record`
 one; else, for a host deployed before records existed, from the host's inventory variables where
 the roles let users change it (``rpc_server_home``, ``llamacpp_build_root``, ``llama_server_port``,
 ``rpc_server_unit_per_device``, ...) and from ``llamafleet.core.constants`` (the roles' defaults and
-the fixed names).  :func:`read_records` reads the records over SSH; the rest is pure.
+the fixed names).  :func:`read_records` reads the records over SSH (:func:`fleet_layouts` and
+:func:`orchestrator_layout` through it); the rest is pure.
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ class HostLayout:
     rpc_cache_dir: str | None
     # The serving gate's state file (orchestrator; see plugins/module_utils/serving_gate.py).
     gate_state_path: str | None = None
+    # The split plan the deploy wrote and the file holding the API key (orchestrator).
+    plan_path: str | None = None
+    api_key_file: str | None = None
     gate_unit: str = constants.GATE_UNIT
     guard_unit: str = constants.RPC_GUARD_UNIT
     # Whether the values come from the host's deployment record (else from the inventory and the defaults).
@@ -127,6 +131,8 @@ def host_layout(fleet: Fleet, host: Host, record: dict[str, Any] | None = None) 
         rpc_units=tuple(rpc.get("units") or (inst.unit for inst in rpc_instances(host))) if worker else (),
         rpc_cache_dir=str(rpc.get("cache_dir") or constants.rpc_cache_dir(home)) if worker else None,
         gate_state_path=str(llama.get("gate_state_path") or constants.GATE_STATE_PATH) if orchestrator else None,
+        plan_path=str(llama.get("plan_path") or constants.PLAN_PATH) if orchestrator else None,
+        api_key_file=str(llama.get("api_key_file") or constants.API_KEY_PATH) if orchestrator else None,
         gate_unit=str(llama.get("gate_unit") or constants.GATE_UNIT),
         guard_unit=str(rpc.get("guard_unit") or constants.RPC_GUARD_UNIT),
         recorded=bool(rpc or llama),
@@ -169,6 +175,18 @@ def fleet_layouts(fleet: Fleet, hosts: Iterable[Host]) -> tuple[dict[str, HostLa
         except UserError as exc:
             errors[host.name] = str(exc)
     return layouts, records, errors
+
+
+def orchestrator_layout(fleet: Fleet) -> HostLayout:
+    """The orchestrator's layout from its deployment record alone (one SSH round; a host without a record
+    gets the inventory's values and the defaults); a UserError naming the host when the record cannot be
+    read or used (unreachable, not JSON, written by a newer llamafleet)."""
+    orch = fleet.orchestrator
+    records, errors = read_records(fleet, [orch])
+    if orch.name in errors:
+        raise UserError(f"{orch.name}: cannot read the deployment record {constants.DEPLOYMENT_RECORD_PATH}: "
+                        f"{errors[orch.name]}")
+    return host_layout(fleet, orch, records[orch.name])
 
 
 def service_user(host: Host, server: str) -> tuple[str, str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..core import constants
 from ..errors import UserError
 from ..fleet import Fleet, Host, tool
-from ..layout import host_layout, rpc_endpoints, service_user
+from ..layout import HostLayout, host_layout, orchestrator_layout, rpc_endpoints, service_user
 from .runner import (
     Measurement,
     deployed_argv,
@@ -110,7 +110,8 @@ def table(rows: list[Measurement]) -> str:
 def run(fleet: Fleet, inventory: Path, cache_root: Path, rate: str = "240mbit") -> list[Measurement]:
     from ..lab.core import shape
 
-    base = deployed_argv(fleet)
+    layout = orchestrator_layout(fleet)  # read once: every step below stops and starts its units
+    base = deployed_argv(fleet, layout)
     hasher = str(Path(base[0]).parent / "llamafleet-fnv1a64")
     deployed_model = base[base.index("-m") + 1]
     models = {"gemma-3-270m": (deployed_model, base)}
@@ -120,29 +121,29 @@ def run(fleet: Fleet, inventory: Path, cache_root: Path, rate: str = "240mbit") 
     for name, (path, _) in models.items():
         sizes[name] = int(fleet.run_one(f"stat -c %s {shlex.quote(path)}", fleet.orchestrator).strip())
     rows: list[Measurement] = []
-    with serving_paused(fleet):
+    with serving_paused(fleet, layout=layout):
         try:
             for worker in fleet.workers:
                 shape(worker.name, rate)
             for name, (path, argv) in models.items():
-                rows += measure_model(fleet, inventory, name, path, argv, sizes[name], rate, hasher)
+                rows += measure_model(fleet, inventory, name, path, argv, sizes[name], rate, hasher, layout)
         finally:
             for worker in fleet.workers:
                 shape(worker.name, None)
-            stop_service(fleet)
+            stop_service(fleet, layout)
             reset_workers(fleet, inventory, deployed_model, hasher)
     return rows
 
 
 def measure_model(fleet: Fleet, inventory: Path, name: str, path: str, argv: list[str], size: int, rate: str,
-                  hasher: str) -> list[Measurement]:
+                  hasher: str, layout: HostLayout) -> list[Measurement]:
     """First load of one model with unseeded, then seeded worker caches; whether both answered the same."""
     rows = []
     for cache in ("unseeded", "seeded"):
         print(f"==> {name}, {cache} caches, links at {rate}", flush=True)
-        stop_service(fleet)
+        stop_service(fleet, layout)
         reset_workers(fleet, inventory, path if cache == "seeded" else None, hasher)
-        row = run_variant(fleet, f"{name}/{cache}", argv, runs=1, n_predict=32)
+        row = run_variant(fleet, f"{name}/{cache}", argv, runs=1, n_predict=32, layout=layout)
         row.extra = {"model": name, "cache": cache, "model_bytes": size}
         print(f"    load {row.load_s:.2f} s, {row.bytes_to_workers / 1e6:.1f} MB sent", flush=True)
         rows.append(row)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ..fleet_cli import fleet_of, with_inventory
-from ..inventory import default_sources
+from ..inventory import collection_playbook, default_sources
 from ..lab.paths import cache_root
 from .runner import write_results
 
@@ -82,4 +82,5 @@ def fleet_command(inventory: str | None, out: str, extra_vars: list[str], vault_
 
 
 def _fleet(args: argparse.Namespace) -> int:
+    collection_playbook(PLAYBOOK)  # a clear error before ansible-playbook's own
     return subprocess.call(fleet_command(args.inventory, args.out, args.extra_vars, args.vault_password_file))

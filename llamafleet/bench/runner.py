@@ -5,6 +5,9 @@ transient systemd unit (``systemd-run``) under the service user while the
 deployed unit is stopped, so the measurement sees the same binary, user and
 workers as production; the deployed unit is started again afterwards, even
 when a variant fails (:func:`serving_paused`).
+
+The units and paths are the orchestrator's deployment record's (:class:`HostLayout`): a benchmark reads
+it once (:func:`orchestrator_layout`) and hands it to each step as ``layout``; a step given none reads it.
 """
 
 from __future__ import annotations
@@ -20,17 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..cluster import Endpoint
-from ..core import constants
+from ..cluster import Endpoint, api_key_of
 from ..errors import UserError
 from ..facts import Fact, gather, parse_cmdline, parse_counters, parse_route_device
 from ..fleet import Fleet
-from ..layout import service_user
+from ..layout import HostLayout, orchestrator_layout, service_user
 
 BENCH_UNIT = "llamafleet-bench.service"
 PROMPT = "The capital of France is"
-LLAMA_UNIT = constants.LLAMA_SERVER_UNIT
-GATE_UNIT = constants.GATE_UNIT
 
 
 @dataclass
@@ -54,22 +54,26 @@ def parse_exec_start(text: str) -> list[str]:
     return text.split("argv[]=", 1)[1].split(" ; ", 1)[0].split()
 
 
-DEPLOYED_FACTS = [
-    Fact("cmdline", f"pid=$(systemctl show -p MainPID --value {LLAMA_UNIT}); "
-                    f"[ \"${{pid:-0}}\" -gt 0 ] && cat /proc/$pid/cmdline", parse_cmdline),
-    Fact("exec_start", f"systemctl show -p ExecStart --value {LLAMA_UNIT}", parse_exec_start),
-]
+def deployed_facts(unit: str) -> list[Fact]:
+    """The argv of llama-server's ``unit``: its main process's own, and the unit's ExecStart."""
+    unit = shlex.quote(unit)
+    return [
+        Fact("cmdline", f"pid=$(systemctl show -p MainPID --value {unit}); "
+                        f"[ \"${{pid:-0}}\" -gt 0 ] && cat /proc/$pid/cmdline", parse_cmdline),
+        Fact("exec_start", f"systemctl show -p ExecStart --value {unit}", parse_exec_start),
+    ]
 
 
-def deployed_argv(fleet: Fleet) -> list[str]:
+def deployed_argv(fleet: Fleet, layout: HostLayout | None = None) -> list[str]:
     """The argv of the deployed llama-server: the running process's own, else the unit's ExecStart."""
     orch = fleet.orchestrator
-    found = gather(fleet, [orch], lambda _: DEPLOYED_FACTS)[orch.name]
+    unit = (layout or orchestrator_layout(fleet)).llama_unit
+    found = gather(fleet, [orch], lambda _: deployed_facts(unit))[orch.name]
     if not found.ok:
-        raise UserError(f"{orch.name}: cannot read {LLAMA_UNIT}'s command line: {found.error}")
+        raise UserError(f"{orch.name}: cannot read {unit}'s command line: {found.error}")
     argv = found.values["cmdline"] or found.values["exec_start"]
     if not argv:
-        raise UserError(f"{orch.name}: {LLAMA_UNIT} has no command line (is the cluster deployed?)")
+        raise UserError(f"{orch.name}: {unit} has no command line (is the cluster deployed?)")
     return argv
 
 
@@ -123,45 +127,52 @@ def worker_tx_bytes(fleet: Fleet) -> int:
     return total
 
 
-def stop_service(fleet: Fleet) -> None:
+def serving_units(layout: HostLayout) -> str:
+    """llama-server's unit and the gate's, as systemctl arguments."""
+    return shlex.join([layout.llama_unit, layout.gate_unit])
+
+
+def stop_service(fleet: Fleet, layout: HostLayout | None = None) -> None:
     """Stop llama-server and the gate in front of it (a variant answers on the gate's port itself)."""
-    orch = fleet.orchestrator
-    fleet.run(f"systemctl stop {LLAMA_UNIT} {GATE_UNIT} {BENCH_UNIT}; systemctl reset-failed {BENCH_UNIT}", [orch])
+    units = serving_units(layout or orchestrator_layout(fleet))
+    fleet.run(f"systemctl stop {units} {BENCH_UNIT}; systemctl reset-failed {BENCH_UNIT}", [fleet.orchestrator])
 
 
-def restore_service(fleet: Fleet) -> None:
-    orch = fleet.orchestrator
+def restore_service(fleet: Fleet, layout: HostLayout | None = None) -> None:
+    """Start the deployed llama-server and its gate again (the variant's unit gone) and wait until it serves."""
+    layout = layout or orchestrator_layout(fleet)
     fleet.run_one(f"systemctl stop {BENCH_UNIT}; systemctl reset-failed {BENCH_UNIT}; "
-                  f"systemctl start {LLAMA_UNIT} {GATE_UNIT}", orch, what=f"starting {LLAMA_UNIT} again")
+                  f"systemctl start {serving_units(layout)}", fleet.orchestrator,
+                  what=f"starting {layout.llama_unit} again")
     Endpoint.of(fleet, api_key="").wait_healthy(timeout=600)
 
 
-def pause_warning(fleet: Fleet) -> str:
+def pause_warning(fleet: Fleet, layout: HostLayout) -> str:
     """What the user must know before a benchmark takes the cluster out of service."""
-    orch = fleet.orchestrator
     url = Endpoint.of(fleet, api_key="").url
-    return (f"warning: this benchmark stops {LLAMA_UNIT} on {orch.name} ({url}): clients get "
+    return (f"warning: this benchmark stops {layout.llama_unit} on {fleet.orchestrator.name} ({url}): clients get "
             "no answers until it ends; the deployed unit is started again at the end, also when it fails")
 
 
 @contextmanager
-def serving_paused(fleet: Fleet, out: TextIO | None = None) -> Iterator[None]:
+def serving_paused(fleet: Fleet, out: TextIO | None = None, layout: HostLayout | None = None) -> Iterator[None]:
     """Say up front that llama-server stops; start the deployed unit again afterwards, whatever happens."""
     out = out or sys.stderr
-    print(pause_warning(fleet), file=out, flush=True)
+    layout = layout or orchestrator_layout(fleet)
+    print(pause_warning(fleet, layout), file=out, flush=True)
     failed = True
     try:
         yield
         failed = False
     finally:
         try:
-            restore_service(fleet)
-            print(f"==> {LLAMA_UNIT} is serving again", file=out, flush=True)
+            restore_service(fleet, layout)
+            print(f"==> {layout.llama_unit} is serving again", file=out, flush=True)
         except UserError as exc:
             if not failed:
                 raise
             # the benchmark's own error is the one raised; this one must not hide it
-            print(f"llamafleet: error: could not start {LLAMA_UNIT} again: {exc}", file=out, flush=True)
+            print(f"llamafleet: error: could not start {layout.llama_unit} again: {exc}", file=out, flush=True)
 
 
 def measurement(name: str, load_s: float, sent: int, answers: Sequence[dict[str, Any]]) -> Measurement:
@@ -186,11 +197,12 @@ def systemd_run_argv(fleet: Fleet, argv: list[str]) -> list[str]:
 
 
 def run_variant(fleet: Fleet, name: str, argv: list[str], runs: int = 3, n_predict: int = 64,
-                load_timeout: float = 900) -> Measurement:
+                load_timeout: float = 900, layout: HostLayout | None = None) -> Measurement:
     """Start ``argv`` on the orchestrator, time the load, then ``runs`` greedy completions."""
     orch = fleet.orchestrator
-    endpoint = Endpoint.of(fleet)
-    stop_service(fleet)
+    layout = layout or orchestrator_layout(fleet)
+    endpoint = Endpoint.of(fleet, api_key=api_key_of(fleet, layout))
+    stop_service(fleet, layout)
     # the deployed argv listens on loopback behind the gate: the variant takes the gate's address and port
     argv = replace_flag(replace_flag(argv, "--host", endpoint.address), "--port", str(endpoint.port))
     before = worker_tx_bytes(fleet)

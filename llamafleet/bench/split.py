@@ -10,17 +10,18 @@ from __future__ import annotations
 from typing import Any
 
 from ..cluster import read_plan
-from ..core import constants
 from ..errors import UserError
 from ..fleet import Fleet
+from ..layout import orchestrator_layout
 from .runner import Measurement, deployed_argv, remove_flags, replace_flag, run_variant, serving_paused
 
 
-def device_count(plan: dict[str, Any]) -> int:
-    """How many devices the deployed plan splits the model over (llama.cpp's -ts has one value each)."""
+def device_count(plan: dict[str, Any], where: str) -> int:
+    """How many devices the deployed plan splits the model over (llama.cpp's -ts has one value each);
+    ``where``: the plan's host and path, for the error."""
     devices = plan.get("devices")
     if not isinstance(devices, list) or not devices:
-        raise UserError(f"{constants.PLAN_PATH} names no devices: deploy again (playbooks/deploy.yml) to write a plan")
+        raise UserError(f"{where} names no devices: deploy again (playbooks/deploy.yml) to write a plan")
     return len(devices)
 
 
@@ -48,12 +49,15 @@ def table(rows: list[Measurement]) -> str:
 
 
 def run(fleet: Fleet, runs: int = 3) -> list[Measurement]:
-    planned = variants(deployed_argv(fleet), device_count(read_plan(fleet)))
+    """The three variants of the deployed argv, measured with the deployed service paused."""
+    layout = orchestrator_layout(fleet)
+    devices = device_count(read_plan(fleet, layout), f"{fleet.orchestrator.name}:{layout.plan_path}")
+    planned = variants(deployed_argv(fleet, layout), devices)
     rows = []
-    with serving_paused(fleet):
+    with serving_paused(fleet, layout=layout):
         for name, variant in planned.items():
             print(f"==> split '{name}': {' '.join(variant[1:])}", flush=True)
-            row = run_variant(fleet, name, variant, runs=runs)
+            row = run_variant(fleet, name, variant, runs=runs, layout=layout)
             print(f"    load {row.load_s:.2f} s, {row.tok_s:.1f} tok/s", flush=True)
             rows.append(row)
     return rows

@@ -24,6 +24,7 @@ import pytest
 from llamafleet.cluster import Endpoint
 from llamafleet.core import constants
 from llamafleet.fleet import Fleet, Host
+from llamafleet.layout import record_command
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -86,6 +87,35 @@ def lab_inventory() -> dict[str, Any]:
 @pytest.fixture
 def connector() -> type[Connector]:
     return Connector
+
+
+# A llama_server section that renames what a user may rename in a play or with -e (the roles record it).
+RENAMED_LLAMA_SERVER = {"units": ["lf-llama-b.service"], "gate_unit": "lf-gate-b.service",
+                        "plan_path": "/srv/lf-b/plan.json", "api_key_file": "/srv/lf-b/api.key"}
+
+
+@pytest.fixture
+def renamed_record() -> dict[str, Any]:
+    """A deployment record whose llama-server unit, gate unit, plan and API key file are not the defaults."""
+    return {"schema": constants.DEPLOYMENT_RECORD_SCHEMA, "collection_version": "0.1.0",
+            "sections": {"llama_server": dict(RENAMED_LLAMA_SERVER)}}
+
+
+def answering_record(record: dict[str, Any] | None, answer: Answer) -> Answer:
+    """``answer``, but the command that prints the deployment record prints ``record`` (None: no record)."""
+
+    def reply(host: Any, command: str) -> tuple[int, str, str]:
+        if command == record_command():
+            return 0, "" if record is None else json.dumps(record), ""
+        return answer(host, command)
+
+    return reply
+
+
+@pytest.fixture
+def recorded() -> Callable[[dict[str, Any] | None, Answer], Answer]:
+    """``recorded(record, answer)``: ``answer`` with the deployment record command answered by ``record``."""
+    return answering_record
 
 
 @pytest.fixture

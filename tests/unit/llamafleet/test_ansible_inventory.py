@@ -129,3 +129,36 @@ def test_an_unparsable_inventory_is_an_error(tmp_path):
     (tmp_path / "hosts.yml").write_text("all: [this is: not an inventory\n")
     with pytest.raises(UserError, match="hosts.yml"):
         Fleet.from_inventory(tmp_path / "hosts.yml")
+
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_the_collections_playbook_is_found_where_ansible_finds_it():
+    from llamafleet.inventory import collection_playbook
+
+    # this checkout's ansible.cfg (the tests run under it): its committed collections/ link
+    found = collection_playbook("llamafleet.cluster.bench")
+    assert found.resolve() == (REPO / "playbooks" / "bench.yml").resolve()
+    assert found.is_relative_to(REPO / "collections")
+
+
+def test_bench_fleet_without_the_collection_says_how_to_install_it(tmp_path):
+    """A controller where the collection is not installed: a clear error before ansible-playbook runs."""
+    import os
+    import subprocess
+    import sys
+
+    empty = tmp_path / "collections"
+    empty.mkdir()
+    (tmp_path / "ansible.cfg").write_text("[defaults]\n")
+    (tmp_path / "hosts.ini").write_text(HOSTS_INI)
+    env = dict(os.environ, ANSIBLE_CONFIG=str(tmp_path / "ansible.cfg"), ANSIBLE_COLLECTIONS_PATH=str(empty))
+    proc = subprocess.run([sys.executable, "-m", "llamafleet", "bench", "fleet", "-i", str(tmp_path / "hosts.ini"),
+                           "--out", str(tmp_path / "results")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "the collection llamafleet.cluster is not installed where Ansible looks for collections (%s)" % empty \
+        in proc.stderr, proc.stderr
+    assert "ansible-galaxy collection install" in proc.stderr
+    assert "PLAY [" not in proc.stdout and not (tmp_path / "results").exists()

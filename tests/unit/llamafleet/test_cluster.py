@@ -11,8 +11,13 @@ from llamafleet.cluster import Endpoint, api_key_of, error_message, read_plan, s
 from llamafleet.core import constants
 from llamafleet.errors import UserError
 from llamafleet.fleet import Fleet, Host
+from llamafleet.layout import orchestrator_layout, record_command
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+PLAN_TEXT = (FIXTURES / "plan_lab3_gemma270m_generated.json").read_text(encoding="utf-8")
+# What the renamed_record fixture (conftest.py) names, and the defaults a host without a record gets.
+RENAMED = {"unit": "lf-llama-b.service", "plan": "/srv/lf-b/plan.json", "key": "/srv/lf-b/api.key"}
+DEFAULTS = {"unit": constants.LLAMA_SERVER_UNIT, "plan": constants.PLAN_PATH, "key": constants.API_KEY_PATH}
 
 
 def test_endpoint_of_the_recorded_lab_inventory(lab_inventory):
@@ -75,18 +80,45 @@ def test_api_key_from_a_controller_file(monkeypatch, tmp_path):
         api_key_of(_orchestrator_fleet(llama_server_api_key_file=str(tmp_path / "missing")))
 
 
-def test_api_key_read_on_the_orchestrator_when_the_inventory_has_none(monkeypatch):
+def fleet_answering(connector, answer) -> Fleet:
+    data = {constants.GROUP_ORCHESTRATOR: {"hosts": ["lab1"]}, "_meta": {"hostvars": {}}}
+    return Fleet.from_inventory_json(data, connector(answer))
+
+
+def only(command: str, stdout: str):
+    """An answer that knows ``command`` alone (any other fails with ``x``)."""
+    return lambda host, asked: (0, stdout, "") if asked == command else (1, "", "x")
+
+
+@pytest.fixture
+def record_of(renamed_record):
+    """``record_of(renamed)``: the renamed record, or None (a host without a record), and the values it gives."""
+    return lambda renamed: (renamed_record, RENAMED) if renamed else (None, DEFAULTS)
+
+
+@pytest.mark.parametrize("renamed", [True, False])
+def test_api_key_read_on_the_orchestrator_from_the_recorded_key_file(monkeypatch, connector, recorded, record_of,
+                                                                     renamed):
     monkeypatch.delenv("LLAMAFLEET_API_KEY", raising=False)
-    fleet = _orchestrator_fleet()
-    asked = []
-
-    def run_one(command, host, timeout=60.0, what=""):
-        asked.append((command, host.name))
-        return "generated-key\n"
-
-    monkeypatch.setattr(fleet, "run_one", run_one)
+    record, want = record_of(renamed)
+    fleet = fleet_answering(connector, recorded(record, only(f"cat {want['key']}", "generated-key\n")))
     assert api_key_of(fleet) == "generated-key"
-    assert asked == [(f"cat {constants.API_KEY_PATH}", "o")]
+    assert fleet.connect.calls == [("lab1", record_command()), ("lab1", f"cat {want['key']}")]
+
+
+def test_api_key_errors_name_the_host_and_the_recorded_file(monkeypatch, connector, recorded, renamed_record):
+    monkeypatch.delenv("LLAMAFLEET_API_KEY", raising=False)
+    fleet = fleet_answering(connector, recorded(renamed_record, only("cat /elsewhere", "")))
+    with pytest.raises(UserError, match=f"^lab1: cannot read the API key {RENAMED['key']} .*: x"):
+        api_key_of(fleet)
+
+
+def test_endpoint_of_a_record_reads_the_key_file_it_names_without_reading_it_again(monkeypatch, connector,
+                                                                                   renamed_record):
+    monkeypatch.delenv("LLAMAFLEET_API_KEY", raising=False)
+    fleet = fleet_answering(connector, only(f"cat {RENAMED['key']}", "k3y\n"))
+    assert Endpoint.of(fleet, record=renamed_record).api_key == "k3y"
+    assert fleet.connect.calls == [("lab1", f"cat {RENAMED['key']}")]
 
 
 def test_health_is_public_and_the_rest_needs_the_key(server):
@@ -147,34 +179,63 @@ def test_error_message(body, message):
     assert error_message(body) == message
 
 
-def fleet_answering(connector, answer) -> Fleet:
-    data = {constants.GROUP_ORCHESTRATOR: {"hosts": ["lab1"]}, "_meta": {"hostvars": {}}}
-    return Fleet.from_inventory_json(data, connector(answer))
-
-
-def test_read_plan_reads_the_recorded_plan(connector):
-    text = (FIXTURES / "plan_lab3_gemma270m_generated.json").read_text(encoding="utf-8")
-    fleet = fleet_answering(
-        connector, lambda host, command: (0, text, "") if command == f"cat {constants.PLAN_PATH}" else (1, "", "?"))
+@pytest.mark.parametrize("renamed", [True, False])
+def test_read_plan_reads_the_plan_the_record_names(connector, recorded, record_of, renamed):
+    record, want = record_of(renamed)
+    fleet = fleet_answering(connector, recorded(record, only(f"cat {want['plan']}", PLAN_TEXT)))
     plan = read_plan(fleet)
     assert plan["device_names"] == ["RPC0", "RPC1"] and plan["rpc"] == ["10.77.0.12:50052", "10.77.0.13:50052"]
+    assert fleet.connect.calls == [("lab1", record_command()), ("lab1", f"cat {want['plan']}")]
+
+
+def test_read_plan_with_the_layout_reads_no_record(connector, recorded, renamed_record):
+    fleet = fleet_answering(connector, recorded(renamed_record, only(f"cat {RENAMED['plan']}", PLAN_TEXT)))
+    layout = orchestrator_layout(fleet)
+    fleet.connect.calls.clear()
+    assert read_plan(fleet, layout)["device_names"] == ["RPC0", "RPC1"]
+    assert fleet.connect.calls == [("lab1", f"cat {RENAMED['plan']}")]
 
 
 @pytest.mark.parametrize(
     ("answer", "message"),
-    [((1, "", "cat: /etc/llamafleet/plan.json: No such file or directory"), "lab1: cannot read .*No such file"),
-     ((0, "{not json", ""), "lab1: /etc/llamafleet/plan.json is not JSON")],
+    [((1, "", "cat: /srv/lf-b/plan.json: No such file or directory"),
+      "^lab1: cannot read /srv/lf-b/plan.json: cat: .*No such file"),
+     ((0, "{not json", ""), "^lab1: /srv/lf-b/plan.json is not JSON")],
 )
-def test_read_plan_errors_name_the_host(connector, answer, message):
+def test_read_plan_errors_name_the_host_and_the_recorded_path(connector, recorded, renamed_record, answer, message):
     with pytest.raises(UserError, match=message):
-        read_plan(fleet_answering(connector, lambda host, command: answer))
+        read_plan(fleet_answering(connector, recorded(renamed_record, lambda host, command: answer)))
 
 
-def test_server_log_commands_and_errors(connector):
-    assert server_log_command(True).endswith("_SYSTEMD_INVOCATION_ID=$inv")
-    assert constants.LLAMA_SERVER_UNIT in server_log_command(True)
-    assert server_log_command(False, 12) == f"journalctl -o cat --no-pager -n 12 -u {constants.LLAMA_SERVER_UNIT}"
-    fleet = fleet_answering(connector, lambda host, command: (0, "line\n", "") if "-n 5" in command else (1, "", "x"))
+def test_read_plan_refuses_a_record_it_cannot_use(connector, recorded):
+    newer = {"schema": constants.DEPLOYMENT_RECORD_SCHEMA + 1, "sections": {}}
+    fleet = fleet_answering(connector, recorded(newer, only(f"cat {constants.PLAN_PATH}", PLAN_TEXT)))
+    with pytest.raises(UserError, match="^lab1: cannot read the deployment record .*newer llamafleet"):
+        read_plan(fleet)
+
+
+@pytest.mark.parametrize(
+    ("args", "command"),
+    [((True,), f"inv=$(systemctl show -p InvocationID --value {constants.LLAMA_SERVER_UNIT}); "
+               "journalctl -o cat --no-pager _SYSTEMD_INVOCATION_ID=$inv"),
+     ((False, 12), f"journalctl -o cat --no-pager -n 12 -u {constants.LLAMA_SERVER_UNIT}"),
+     ((True, 1, "lf-llama-b.service"), "inv=$(systemctl show -p InvocationID --value lf-llama-b.service); "
+                                       "journalctl -o cat --no-pager _SYSTEMD_INVOCATION_ID=$inv"),
+     ((False, 5, "lf-llama-b.service"), "journalctl -o cat --no-pager -n 5 -u lf-llama-b.service"),
+     ((False, 5, "llama b.service"), "journalctl -o cat --no-pager -n 5 -u 'llama b.service'")],
+)
+def test_server_log_command(args, command):
+    assert server_log_command(*args) == command
+
+
+@pytest.mark.parametrize("renamed", [True, False])
+def test_server_log_reads_the_recorded_units_journal(connector, recorded, record_of, renamed):
+    record, want = record_of(renamed)
+    fleet = fleet_answering(connector, recorded(record, only(server_log_command(False, 5, want["unit"]), "line\n")))
     assert server_log(fleet, since_start=False, lines=5) == "line\n"
-    with pytest.raises(UserError, match=f"lab1: cannot read the journal of {constants.LLAMA_SERVER_UNIT}: x"):
+    with pytest.raises(UserError, match=f"^lab1: cannot read the journal of {want['unit']}: x"):
         server_log(fleet)
+    layout = orchestrator_layout(fleet)
+    fleet.connect.calls.clear()
+    assert server_log(fleet, since_start=False, lines=5, layout=layout) == "line\n"
+    assert fleet.connect.calls == [("lab1", server_log_command(False, 5, want["unit"]))]

@@ -7,7 +7,15 @@ import pytest
 from llamafleet.core import constants
 from llamafleet.errors import UserError
 from llamafleet.fleet import Fleet, Host
-from llamafleet.layout import as_bool, host_layout, rpc_endpoints, rpc_instances, service_user
+from llamafleet.layout import (
+    as_bool,
+    host_layout,
+    orchestrator_layout,
+    record_command,
+    rpc_endpoints,
+    rpc_instances,
+    service_user,
+)
 
 
 @pytest.mark.parametrize(
@@ -65,7 +73,9 @@ def test_layouts_of_the_recorded_lab_inventory(lab_inventory):
     orch, lab2, lab3 = (host_layout(fleet, fleet.hosts[n]) for n in ("lab1", "lab2", "lab3"))
     assert (orch.role, orch.units, orch.rpc_cache_dir) == ("orchestrator", (constants.LLAMA_SERVER_UNIT,), None)
     assert orch.build_link == f"{constants.LLAMACPP_ROOT}/current"
+    assert (orch.plan_path, orch.api_key_file) == (constants.PLAN_PATH, constants.API_KEY_PATH)
     assert (lab2.role, lab2.units) == ("worker", (constants.RPC_SERVER_UNIT,))
+    assert (lab2.plan_path, lab2.api_key_file) == (None, None)  # a worker has neither
     assert lab2.rpc_cache_dir == constants.rpc_cache_dir(constants.RPC_SERVER_HOME)
     # lab3's host_vars: one unit per device, its own home and build root
     assert lab3.units == ("llamafleet-rpc-server-cuda0.service", "llamafleet-rpc-server-cuda1.service")
@@ -94,3 +104,53 @@ def test_a_host_in_both_groups_runs_both_servers():
 )
 def test_service_user(server, vars_, expected):
     assert service_user(Host("h", "h", vars=vars_), server) == expected
+
+
+# The orchestrator's layout, read from its deployment record (one SSH round)
+
+def _two_host_fleet(connector, answer) -> Fleet:
+    data = {constants.GROUP_ORCHESTRATOR: {"hosts": ["lab1"]}, constants.GROUP_WORKERS: {"hosts": ["lab2"]},
+            "_meta": {"hostvars": {}}}
+    return Fleet.from_inventory_json(data, connector(answer))
+
+
+def _orchestrator_values(layout) -> tuple:
+    return layout.llama_unit, layout.gate_unit, layout.plan_path, layout.api_key_file, layout.recorded
+
+
+@pytest.mark.parametrize(
+    ("llama", "expected"),
+    [
+        ({"units": ["lf-llama-b.service"], "gate_unit": "lf-gate-b.service", "plan_path": "/srv/lf-b/plan.json",
+          "api_key_file": "/srv/lf-b/api.key"},
+         ("lf-llama-b.service", "lf-gate-b.service", "/srv/lf-b/plan.json", "/srv/lf-b/api.key", True)),
+        # no record (a host deployed before records): the defaults
+        (None, (constants.LLAMA_SERVER_UNIT, constants.GATE_UNIT, constants.PLAN_PATH, constants.API_KEY_PATH,
+                False)),
+        # a section without those keys: the defaults for each one missing
+        ({"units": ["lf-llama-b.service"]},
+         ("lf-llama-b.service", constants.GATE_UNIT, constants.PLAN_PATH, constants.API_KEY_PATH, True)),
+    ],
+)
+def test_orchestrator_layout_reads_only_the_orchestrators_record(connector, recorded, llama, expected):
+    record = None if llama is None else {"schema": constants.DEPLOYMENT_RECORD_SCHEMA,
+                                         "sections": {"llama_server": llama}}
+    fleet = _two_host_fleet(connector, recorded(record, lambda host, command: (1, "", "not asked")))
+    assert _orchestrator_values(orchestrator_layout(fleet)) == expected
+    assert fleet.connect.calls == [("lab1", record_command())]
+
+
+def _unreachable(host, command):
+    raise TimeoutError("timed out")
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [(_unreachable, "TimeoutError: timed out"),
+     (lambda host, command: (0, '{"schema": 99, "sections": {}}', ""), "written by a newer llamafleet"),
+     (lambda host, command: (0, "{not json", ""), "is not JSON"),
+     (lambda host, command: (1, "", "cat: Permission denied"), "cat: Permission denied")],
+)
+def test_orchestrator_layout_errors_name_the_host(connector, answer, message):
+    with pytest.raises(UserError, match=f"^lab1: cannot read the deployment record .*{message}"):
+        orchestrator_layout(_two_host_fleet(connector, answer))

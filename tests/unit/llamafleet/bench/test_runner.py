@@ -26,10 +26,20 @@ from llamafleet.core import constants
 from llamafleet.errors import UserError
 from llamafleet.facts import parse_counters, parse_route_device
 from llamafleet.fleet import Fleet
+from llamafleet.layout import orchestrator_layout, record_command
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 ARGV = ["/opt/llamafleet/llama.cpp/current/bin/llama-server", "-m", "/m.gguf", "--rpc", "10.0.0.2:50052",
         "-ngl", "19", "-ts", "18,1", "--fit", "off"]
+# The units the renamed_record fixture (conftest.py) names, and those of a host without a record.
+RENAMED_UNITS = ("lf-llama-b.service", "lf-gate-b.service")
+DEFAULT_UNITS = (constants.LLAMA_SERVER_UNIT, constants.GATE_UNIT)
+
+
+@pytest.fixture
+def record_of(renamed_record):
+    """``record_of(renamed)``: the renamed record, or None (a host without a record), and its units."""
+    return lambda renamed: (renamed_record, RENAMED_UNITS) if renamed else (None, DEFAULT_UNITS)
 
 
 @pytest.mark.parametrize(
@@ -73,23 +83,41 @@ def one_host_fleet(connector, answer, group=constants.GROUP_ORCHESTRATOR, hostva
     return Fleet.from_inventory_json(data, connector(answer))
 
 
-def test_deployed_argv_is_the_running_processs_own(tmp_path, connector, local, running):
+@pytest.mark.parametrize("renamed", [True, False])
+def test_deployed_argv_is_the_running_processs_own(tmp_path, connector, local, recorded, record_of, running, renamed):
     """The main process's /proc cmdline: exact even with spaces and quotes, which ExecStart's text is not."""
+    record, (unit, _) = record_of(renamed)
     proc, argv = running("--chat-template", "it's {{ x }}", "")
-    env = fake_tools(tmp_path, systemctl=f'case "$*" in *MainPID*) echo {proc.pid};; *) echo;; esac')
-    assert deployed_argv(one_host_fleet(connector, local(env))) == argv
+    env = fake_tools(tmp_path, systemctl=f'case "$*" in "show -p MainPID --value {unit}") echo {proc.pid};; '
+                                         '*) echo;; esac')
+    assert deployed_argv(one_host_fleet(connector, recorded(record, local(env)))) == argv
 
 
-def test_deployed_argv_falls_back_to_exec_start(tmp_path, connector, local):
+@pytest.mark.parametrize("renamed", [True, False])
+def test_deployed_argv_falls_back_to_exec_start(tmp_path, connector, local, recorded, record_of, renamed):
+    record, (unit, _) = record_of(renamed)
     exec_start = f"{{ path={ARGV[0]} ; argv[]={' '.join(ARGV)} ; ignore_errors=no ; pid=0 ; code=(null) ; status=0/0 }}"
-    env = fake_tools(tmp_path, systemctl=f'case "$*" in *MainPID*) echo 0;; *) echo "{exec_start}";; esac')
-    assert deployed_argv(one_host_fleet(connector, local(env))) == ARGV
+    env = fake_tools(tmp_path, systemctl=f'case "$*" in *MainPID*) echo 0;; "show -p ExecStart --value {unit}") '
+                                         f'echo "{exec_start}";; *) echo;; esac')
+    assert deployed_argv(one_host_fleet(connector, recorded(record, local(env)))) == ARGV
 
 
-def test_deployed_argv_of_a_fleet_without_a_deploy(tmp_path, connector, local):
+@pytest.mark.parametrize("renamed", [True, False])
+def test_deployed_argv_of_a_fleet_without_a_deploy(tmp_path, connector, local, recorded, record_of, renamed):
+    record, (unit, _) = record_of(renamed)
     env = fake_tools(tmp_path, systemctl="echo")
-    with pytest.raises(UserError, match=f"lab1: {constants.LLAMA_SERVER_UNIT} has no command line"):
-        deployed_argv(one_host_fleet(connector, local(env)))
+    with pytest.raises(UserError, match=f"^lab1: {unit} has no command line"):
+        deployed_argv(one_host_fleet(connector, recorded(record, local(env))))
+
+
+def test_deployed_argv_with_the_layout_reads_no_record(tmp_path, connector, local, recorded, renamed_record):
+    exec_start = f"{{ path={ARGV[0]} ; argv[]={' '.join(ARGV)} ; pid=0 ; code=(null) ; status=0/0 }}"
+    env = fake_tools(tmp_path, systemctl=f'case "$*" in *MainPID*) echo 0;; *) echo "{exec_start}";; esac')
+    fleet = one_host_fleet(connector, recorded(renamed_record, local(env)))
+    layout = orchestrator_layout(fleet)
+    fleet.connect.calls.clear()
+    assert deployed_argv(fleet, layout) == ARGV
+    assert len(fleet.connect.calls) == 1 and RENAMED_UNITS[0] in fleet.connect.calls[0][1]
 
 
 def test_rx_towards_the_orchestrator(fixture_text):
@@ -141,38 +169,93 @@ def test_systemd_run_uses_the_service_user_and_home(connector):
 
 # The deployed service comes back, and the user is told first
 
+BENCH = runner.BENCH_UNIT
+
+
+def nothing_else(host, command):
+    """What a host answers to commands the test does not expect."""
+    return 1, "", "not asked"
+
+
+@pytest.mark.parametrize("renamed", [True, False])
+def test_stop_and_restore_the_recorded_units(connector, recorded, record_of, server, renamed):
+    record, units = record_of(renamed)
+    srv = server()
+    fleet = one_host_fleet(connector, recorded(record, lambda host, command: (0, "", "")),
+                           hostvars={"lab1": {"llamafleet_cluster_address": "127.0.0.1",
+                                              "llama_server_port": srv.port}})
+    stop = f"systemctl stop {' '.join(units)} {BENCH}; systemctl reset-failed {BENCH}"
+    start = f"systemctl stop {BENCH}; systemctl reset-failed {BENCH}; systemctl start {' '.join(units)}"
+    runner.stop_service(fleet)
+    runner.restore_service(fleet)
+    assert fleet.connect.calls == [("lab1", record_command()), ("lab1", stop), ("lab1", record_command()),
+                                   ("lab1", start)]
+    fleet.connect.calls.clear()
+    layout = orchestrator_layout(fleet)
+    runner.stop_service(fleet, layout)
+    runner.restore_service(fleet, layout)
+    assert fleet.connect.calls == [("lab1", record_command()), ("lab1", stop), ("lab1", start)]
+    assert srv.seen[-1][:2] == ("GET", "/health")
+
+
+def test_run_variant_uses_the_layouts_units_and_key_file(connector, recorded, renamed_record, server, monkeypatch):
+    monkeypatch.delenv("LLAMAFLEET_API_KEY", raising=False)
+    monkeypatch.setattr(runner, "measurement", lambda name, load_s, sent, answers: answers)
+    srv = server(api_key="k3y")
+    key = renamed_record["sections"]["llama_server"]["api_key_file"]
+
+    def answer(host, command):
+        return (0, "k3y\n", "") if command == f"cat {key}" else (0, "", "")
+
+    data = {constants.GROUP_ORCHESTRATOR: {"hosts": ["lab1"]},
+            "_meta": {"hostvars": {"lab1": {"llamafleet_cluster_address": "127.0.0.1", "llama_server_port": srv.port}}}}
+    fleet = Fleet.from_inventory_json(data, connector(recorded(renamed_record, answer)))
+    layout = orchestrator_layout(fleet)
+    fleet.connect.calls.clear()
+    answers = runner.run_variant(fleet, "plan", ["/bin/llama-server", "-m", "/m.gguf"], runs=2, layout=layout)
+    assert [a["content"] for a in answers] == [runner.PROMPT[::-1]] * 2  # the key from the recorded file
+    commands = [c for _, c in fleet.connect.calls]
+    assert commands[:2] == [f"cat {key}", f"systemctl stop {' '.join(RENAMED_UNITS)} {BENCH}; "
+                                          f"systemctl reset-failed {BENCH}"]
+    assert record_command() not in commands and commands[2].startswith(f"systemd-run --unit={BENCH} ")
+
+
 @pytest.fixture
 def restores(monkeypatch):
     calls: list[str] = []
-    monkeypatch.setattr(runner, "restore_service", lambda fleet: calls.append("restore"))
+    monkeypatch.setattr(runner, "restore_service", lambda fleet, layout: calls.append(f"restore {layout.llama_unit}"))
     return calls
 
 
-def test_serving_paused_warns_first_and_restores(connector, restores):
-    fleet = one_host_fleet(connector, None)
+@pytest.mark.parametrize("renamed", [True, False])
+def test_serving_paused_warns_first_and_restores(connector, recorded, record_of, restores, renamed):
+    record, (unit, _) = record_of(renamed)
+    fleet = one_host_fleet(connector, recorded(record, nothing_else))
     out = io.StringIO()
     with serving_paused(fleet, out):
         restores.append("benchmark")
     lines = out.getvalue().splitlines()
-    assert lines[0].startswith(f"warning: this benchmark stops {constants.LLAMA_SERVER_UNIT} on lab1")
+    assert lines[0].startswith(f"warning: this benchmark stops {unit} on lab1")
     assert "started again at the end" in lines[0]
-    assert restores == ["benchmark", "restore"]
+    assert lines[1] == f"==> {unit} is serving again"
+    assert restores == ["benchmark", f"restore {unit}"]
+    assert fleet.connect.calls == [("lab1", record_command())]
 
 
-def test_serving_paused_restores_when_the_benchmark_fails(connector, restores):
-    fleet = one_host_fleet(connector, None)
+def test_serving_paused_restores_when_the_benchmark_fails(connector, recorded, restores):
+    fleet = one_host_fleet(connector, recorded(None, nothing_else))
     with pytest.raises(UserError, match="variant even failed"):
         with serving_paused(fleet, io.StringIO()):
             raise UserError("variant even failed")
-    assert restores == ["restore"]
+    assert restores == [f"restore {constants.LLAMA_SERVER_UNIT}"]
 
 
-def test_a_failed_restore_does_not_hide_the_benchmarks_error(connector, monkeypatch):
-    def broken(fleet):
+def test_a_failed_restore_does_not_hide_the_benchmarks_error(connector, recorded, monkeypatch):
+    def broken(fleet, layout):
         raise UserError("lab1: starting it again: unit not found")
 
     monkeypatch.setattr(runner, "restore_service", broken)
-    fleet = one_host_fleet(connector, None)
+    fleet = one_host_fleet(connector, recorded(None, nothing_else))
     out = io.StringIO()
     with pytest.raises(UserError, match="variant even failed"):
         with serving_paused(fleet, out):

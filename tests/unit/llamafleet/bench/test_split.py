@@ -12,6 +12,7 @@ from llamafleet.bench.runner import Measurement
 from llamafleet.core import constants
 from llamafleet.errors import UserError
 from llamafleet.fleet import Fleet
+from llamafleet.layout import record_command
 
 PLAN = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "plan_lab3_gemma270m_generated.json")
                   .read_text(encoding="utf-8"))
@@ -26,7 +27,7 @@ def planned_argv(plan: dict) -> list[str]:
 
 def test_variants_of_the_recorded_plan():
     argv = planned_argv(PLAN)
-    got = split.variants(argv, split.device_count(PLAN))
+    got = split.variants(argv, split.device_count(PLAN, "lab1:/srv/plan.json"))
     assert list(got) == ["plan", "even", "fit"]
     assert got["plan"] == argv
     assert got["even"][got["even"].index("-ts") + 1] == "1,1"
@@ -36,8 +37,8 @@ def test_variants_of_the_recorded_plan():
 
 @pytest.mark.parametrize("plan", [{}, {"devices": []}, {"devices": "RPC0"}])
 def test_a_plan_without_devices_is_a_user_error(plan):
-    with pytest.raises(UserError, match="names no devices"):
-        split.device_count(plan)
+    with pytest.raises(UserError, match="^lab1:/srv/plan.json names no devices"):
+        split.device_count(plan, "lab1:/srv/plan.json")
 
 
 def test_table_compares_with_the_plan():
@@ -48,40 +49,60 @@ def test_table_compares_with_the_plan():
 
 
 @pytest.fixture
-def bench(monkeypatch, connector):
-    """split.run with recorders for the variants and the restore; ``events`` in the order they happened,
-    ``fail["at"]`` names a variant that fails."""
+def bench(monkeypatch, connector, recorded, renamed_record):
+    """split.run on a fleet whose record renames the units and the plan, with recorders for the variants and
+    the restore: ``events`` in the order they happened, ``layouts`` each step was given, ``fail["at"]`` names
+    a variant that fails, ``plan["plan"]`` is the plan read."""
     events: list[str] = []
+    layouts: list = []
     data = {constants.GROUP_ORCHESTRATOR: {"hosts": ["lab1"]}, "_meta": {"hostvars": {}}}
-    fleet = Fleet.from_inventory_json(data, connector(lambda host, command: (0, "", "")))
-    monkeypatch.setattr(split, "deployed_argv", lambda f: planned_argv(PLAN))
-    monkeypatch.setattr(split, "read_plan", lambda f: PLAN)
-    monkeypatch.setattr(runner, "restore_service", lambda f: events.append("restore"))
+    fleet = Fleet.from_inventory_json(data, connector(recorded(renamed_record, lambda host, command: (1, "", "x"))))
+    plan = {"plan": PLAN}
+
+    def step(result):
+        return lambda f, layout: layouts.append(layout) or result()
+
+    monkeypatch.setattr(split, "deployed_argv", step(lambda: planned_argv(PLAN)))
+    monkeypatch.setattr(split, "read_plan", step(lambda: plan["plan"]))
+    monkeypatch.setattr(runner, "restore_service", lambda f, layout: events.append(f"restore {layout.llama_unit}"))
     fail: dict[str, str] = {}
 
-    def variant(f, name, argv, runs):
+    def variant(f, name, argv, runs, layout):
+        layouts.append(layout)
         events.append(f"run {name}")
         if name == fail.get("at"):
             raise UserError(f"variant {name}: /health did not answer 200")
         return Measurement(name, 1.0, 10.0, 50.0)
 
     monkeypatch.setattr(split, "run_variant", variant)
-    return fleet, events, fail
+    return fleet, events, fail, layouts, plan
 
 
-def test_split_warns_before_stopping_and_restores(bench, capsys):
-    fleet, events, _ = bench
+def test_split_warns_before_stopping_and_restores_the_recorded_unit(bench, capsys):
+    fleet, events, _, layouts, _ = bench
     rows = split.run(fleet, runs=1)
     assert [r.name for r in rows] == ["plan", "even", "fit"]
-    assert events == ["run plan", "run even", "run fit", "restore"]
+    assert events == ["run plan", "run even", "run fit", "restore lf-llama-b.service"]
     err = capsys.readouterr().err
-    assert err.startswith(f"warning: this benchmark stops {constants.LLAMA_SERVER_UNIT} on lab1")
+    assert err.startswith("warning: this benchmark stops lf-llama-b.service on lab1")
+    # the record read once, its layout handed to every step
+    assert fleet.connect.calls == [("lab1", record_command())]
+    assert len(layouts) == 5 and all(layout is layouts[0] for layout in layouts)
+    assert (layouts[0].llama_unit, layouts[0].gate_unit) == ("lf-llama-b.service", "lf-gate-b.service")
 
 
 def test_split_restores_the_service_when_a_variant_fails(bench, capsys):
-    fleet, events, fail = bench
+    fleet, events, fail, _, _ = bench
     fail["at"] = "even"
     with pytest.raises(UserError, match="variant even"):
         split.run(fleet, runs=1)
-    assert events == ["run plan", "run even", "restore"]
+    assert events == ["run plan", "run even", "restore lf-llama-b.service"]
     assert capsys.readouterr().err.startswith("warning:")
+
+
+def test_split_of_a_plan_without_devices_names_the_recorded_plan(bench):
+    fleet, events, _, _, plan = bench
+    plan["plan"] = {}
+    with pytest.raises(UserError, match="^lab1:/srv/lf-b/plan.json names no devices"):
+        split.run(fleet, runs=1)
+    assert events == []  # nothing stopped
