@@ -111,9 +111,40 @@ def test_amd_smi_needs_some_output() -> None:
 
 # --- Vulkan -------------------------------------------------------------------------------------
 
-def test_vulkaninfo_lavapipe_is_not_a_llamacpp_device() -> None:
-    # Real output on this machine: Mesa's llvmpipe is PHYSICAL_DEVICE_TYPE_CPU, which ggml-vulkan skips.
-    assert parse_vulkaninfo_summary(fixture("vulkaninfo_summary_1.3.239_lavapipe_real.txt")) == []
+# Real lavapipe outputs: Debian 12 (vulkan-tools 1.3.239, Mesa 22.3) and Debian 13 (vulkan-tools 1.4.304, Mesa 25.0.7).
+LAVAPIPE_DEBIAN13 = "llvmpipe (LLVM 19.1.7, 256 bits)"
+LAVAPIPE_DEBIAN13_UUID = "6d657361-3235-2e30-2e37-2d322b646500"
+
+
+def as_integrated(text: str) -> str:
+    """A lavapipe recording with its CPU-type device retyped as an integrated GPU (one ggml-vulkan keeps)."""
+    assert "PHYSICAL_DEVICE_TYPE_CPU" in text
+    return text.replace("PHYSICAL_DEVICE_TYPE_CPU", "PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU")
+
+
+@pytest.mark.parametrize("name", [
+    "vulkaninfo_summary_1.3.239_lavapipe_real.txt",
+    "vulkaninfo_summary_1.4.304_lavapipe_debian13_real.txt",
+    "vulkaninfo_summary_1.4.304_lavapipe_two_icds_debian13_real.txt",
+])
+def test_vulkaninfo_lavapipe_is_not_a_llamacpp_device(name: str) -> None:
+    # Mesa's llvmpipe is PHYSICAL_DEVICE_TYPE_CPU, which ggml-vulkan skips unless GGML_VK_VISIBLE_DEVICES lists it.
+    assert "deviceType         = PHYSICAL_DEVICE_TYPE_CPU" in fixture(name)
+    assert parse_vulkaninfo_summary(fixture(name)) == []
+
+
+def test_vulkaninfo_summary_debian13_fields() -> None:
+    devices = parse_vulkaninfo_summary(as_integrated(fixture("vulkaninfo_summary_1.4.304_lavapipe_debian13_real.txt")))
+    assert brief(devices) == [("vulkan", 0, LAVAPIPE_DEBIAN13, None, None, True)]
+    assert [(d["vk_index"], d["uuid"], d["driver"]) for d in devices] == [(0, LAVAPIPE_DEBIAN13_UUID, "llvmpipe")]
+
+
+def test_vulkaninfo_same_uuid_twice_real() -> None:
+    # Two ICD files naming libvulkan_lvp.so: the loader enumerates GPU0 and GPU1 with one deviceUUID.
+    text = as_integrated(fixture("vulkaninfo_summary_1.4.304_lavapipe_two_icds_debian13_real.txt"))
+    assert text.count("deviceUUID         = " + LAVAPIPE_DEBIAN13_UUID) == 2
+    devices = parse_vulkaninfo_summary(text)
+    assert [(d["index"], d["vk_index"], d["name"]) for d in devices] == [(0, 0, LAVAPIPE_DEBIAN13)]
 
 
 def test_vulkaninfo_discrete_and_integrated() -> None:
@@ -134,10 +165,25 @@ def test_vulkaninfo_same_gpu_twice_is_one_device() -> None:
     assert names == ["AMD Radeon RX 6800 XT (RADV NAVI21)", "AMD Radeon Graphics (RADV RAPHAEL_MENDOCINO)"]
 
 
-def test_vulkaninfo_heaps_real_lavapipe() -> None:
-    heaps = parse_vulkaninfo_heaps(fixture("vulkaninfo_full_1.3.239_lavapipe_real.txt"))
+@pytest.mark.parametrize("name, device, heap_mib, budget_mib", [
+    # Mesa 22.3: a fixed 2 GiB heap, no VK_EXT_memory_budget
+    ("vulkaninfo_full_1.3.239_lavapipe_real.txt", "llvmpipe (LLVM 15.0.6, 256 bits)", 2048, None),
+    # Mesa 25.0: the heap is the machine's RAM (MemTotal 24683656 kB) with a budget; usage is the RAM in use
+    ("vulkaninfo_full_1.4.304_lavapipe_debian13_real.txt", LAVAPIPE_DEBIAN13,
+     25276063744 // 2**20, (25276063744 - 1188622336) // 2**20),
+])
+def test_vulkaninfo_heaps_real_lavapipe(name: str, device: str, heap_mib: int, budget_mib: int | None) -> None:
+    heaps = parse_vulkaninfo_heaps(fixture(name))
     assert heaps == [{"vk_index": 0, "device_type": "PHYSICAL_DEVICE_TYPE_CPU",
-                      "name": "llvmpipe (LLVM 15.0.6, 256 bits)", "heap_mib": 2048, "budget_mib": None}]
+                      "name": device, "heap_mib": heap_mib, "budget_mib": budget_mib}]
+
+
+def test_vulkaninfo_merge_real_debian13() -> None:
+    summary = parse_vulkaninfo_summary(as_integrated(fixture("vulkaninfo_summary_1.4.304_lavapipe_debian13_real.txt")))
+    heaps = parse_vulkaninfo_heaps(fixture("vulkaninfo_full_1.4.304_lavapipe_debian13_real.txt"))
+    merged = merge_vulkan(summary, heaps)
+    assert [(d["name"], d["total_mib"], d["free_mib"], d["source"]) for d in merged] == [
+        (LAVAPIPE_DEBIAN13, 24683656 // 1024, (25276063744 - 1188622336) // 2**20, "vulkaninfo")]
 
 
 def test_vulkaninfo_heaps_with_budget_and_merge() -> None:
