@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 INVENTORY = REPO / "inventories" / "lab" / "hosts.ini"
@@ -98,3 +102,33 @@ def self_signed_pair(host: str, days: int = 1) -> tuple[bytes, bytes]:
     return (cert.public_bytes(serialization.Encoding.PEM),
             key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                               serialization.NoEncryption()))
+
+
+def _cache() -> Path:
+    return Path(os.environ.get("LLAMAFLEET_CACHE", "/var/cache/llamafleet"))
+
+
+def lowest_ansible(runtime_text: str) -> str:
+    """The version in requires_ansible's ``>=`` clause (``">=2.17.0"`` or ``">=2.17.0,<2.21"`` -> ``"2.17.0"``)."""
+    spec = str(yaml.safe_load(runtime_text)["requires_ansible"])
+    lowest = [m.group(1) for m in (re.fullmatch(r"\s*>=\s*([0-9]+\.[0-9]+\.[0-9]+)\s*", c) for c in spec.split(","))
+              if m]
+    if len(lowest) != 1:
+        raise ValueError("requires_ansible %r has no single >=X.Y.Z clause" % spec)
+    return lowest[0]
+
+
+def ansible_venv(version: str) -> Path:
+    """bin/ of a virtual environment holding ansible-core ``version``, made once and kept in the cache."""
+    venv = _cache() / ("ansible-core-%s" % version)
+    done = venv / ".installed"
+    _cache().mkdir(parents=True, exist_ok=True)
+    with open(_cache() / (".ansible-core-%s.lock" % version), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two runs at once build it once
+        if not done.exists():
+            shutil.rmtree(venv, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+            subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
+                            "ansible-core==%s" % version], check=True)
+            done.touch()
+    return venv / "bin"

@@ -32,12 +32,19 @@ def server_features(features: Any) -> dict:
     return features.get("llama_server", features) if isinstance(features, dict) else {}
 
 
-def write_unit(module: Any, path: str, text: str, result: dict) -> None:
-    """Write ``text`` to ``path`` (mode 0644) when it differs, atomically; record ``changed`` and ``diff``."""
-    before = None
-    if os.path.exists(path):
-        with open(path, "rb") as handle:
-            before = handle.read().decode("utf-8", errors="replace")
+_UNREAD = object()
+
+
+def write_text_file(module: Any, path: str, text: str, result: dict, before: Any = _UNREAD) -> None:
+    """Write ``text`` to ``path`` (mode 0644) when it differs, atomically; record ``changed`` and ``diff``.
+
+    ``before``: the file's text as the caller already read it (None: absent), else it is read here.
+    """
+    if before is _UNREAD:
+        before = None
+        if os.path.exists(path):
+            with open(path, "rb") as handle:
+                before = handle.read().decode("utf-8", errors="replace")
     if before != text:
         result["changed"] = True
         result["diff"] = {"before": before or "", "after": text,
@@ -209,7 +216,7 @@ def run_rpc_plan(module: Any) -> dict:
         result["degraded"] = _degraded(module, facts)
         result["gate_degrade"] = degrade_plans(result["degraded"])
     if params["unit_path"]:
-        write_unit(module, params["unit_path"], result["unit"], result)
+        write_text_file(module, params["unit_path"], result["unit"], result)
     if not module._diff:
         result.pop("diff", None)
     return result

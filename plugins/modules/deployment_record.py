@@ -76,7 +76,7 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.deployment_reco
     render,
     with_section,
 )
-from ansible_collections.llamafleet.cluster.plugins.module_utils.llama_server_plan import write_unit
+from ansible_collections.llamafleet.cluster.plugins.module_utils.llama_server_plan import write_text_file
 
 
 def main() -> None:
@@ -92,10 +92,10 @@ def main() -> None:
         supports_check_mode=True,
     )
     path, section = module.params["path"], module.params["section"]
-    text = ""
+    text, before = "", None
     if os.path.exists(path):
         with open(path, encoding="utf-8", errors="replace") as handle:
-            text = handle.read()
+            text = before = handle.read()
     try:
         record = with_section(parse(text, path), section,
                               module.params["data"] if module.params["state"] == "present" else None,
@@ -113,7 +113,7 @@ def main() -> None:
     directory = os.path.dirname(path)
     if not os.path.isdir(directory) and not module.check_mode:
         os.makedirs(directory, mode=0o755)
-    write_unit(module, path, render(record), result)
+    write_text_file(module, path, render(record), result, before)
     module.exit_json(**result)
 
 

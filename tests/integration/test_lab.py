@@ -14,17 +14,14 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import BIN, INVENTORY, cli, env  # noqa: E402  (tests/ on sys.path, above)
-
-from llamafleet.lab import LLAMA_CPP_SOURCE, MODEL, LabPaths, leftovers, ssh  # noqa: E402
+from llamafleet.lab import LLAMA_CPP_SOURCE, MODEL, LabPaths, leftovers, ssh
+from tests.helpers import BIN, INVENTORY, cli, env
 
 pytestmark = [
     pytest.mark.lab,

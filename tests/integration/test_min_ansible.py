@@ -21,13 +21,11 @@ No lab, no network once the environment exists (creating it needs PyPI).
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import json
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 import warnings
@@ -39,8 +37,9 @@ import pytest
 import yaml
 from jinja2 import nodes
 
+from tests.helpers import ansible_venv, lowest_ansible
+
 REPO = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("LLAMAFLEET_CACHE", "/var/cache/llamafleet"))
 FIXTURES = REPO / "tests" / "unit" / "fixtures" / "llamacpp"
 SERVER_HELP = FIXTURES / "llama-server_0c1e570_help_real.txt"
 SERVER_VERSION = FIXTURES / "llama-server_0c1e570_version_real.txt"
@@ -181,16 +180,6 @@ PLAY = r"""
 """
 
 
-def lowest_ansible(runtime_text: str) -> str:
-    """The version in requires_ansible's ``>=`` clause (``">=2.17.0"`` or ``">=2.17.0,<2.21"`` -> ``"2.17.0"``)."""
-    spec = str(yaml.safe_load(runtime_text)["requires_ansible"])
-    lowest = [m.group(1) for m in (re.fullmatch(r"\s*>=\s*([0-9]+\.[0-9]+\.[0-9]+)\s*", c) for c in spec.split(","))
-              if m]
-    if len(lowest) != 1:
-        raise ValueError("requires_ansible %r has no single >=X.Y.Z clause" % spec)
-    return lowest[0]
-
-
 @pytest.mark.parametrize("spec, lowest", [
     (">=2.17.0", "2.17.0"),
     (">= 2.16.3, <2.21", "2.16.3"),
@@ -204,22 +193,6 @@ def test_lowest_ansible_read_from_the_spec(spec: str, lowest: str) -> None:
 def test_spec_without_one_lowest_version_is_refused(spec: str) -> None:
     with pytest.raises(ValueError, match="requires_ansible"):
         lowest_ansible("requires_ansible: %r\n" % spec)
-
-
-def ansible_venv(version: str) -> Path:
-    """bin/ of a virtual environment holding ansible-core ``version``, made once and kept in the cache."""
-    venv = CACHE / ("ansible-core-%s" % version)
-    done = venv / ".installed"
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / (".ansible-core-%s.lock" % version), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two runs at once build it once
-        if not done.exists():
-            shutil.rmtree(venv, ignore_errors=True)
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-            subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
-                            "ansible-core==%s" % version], check=True)
-            done.touch()
-    return venv / "bin"
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,6 @@ from pathlib import Path
 
 import pytest
 
-import test_llamacpp_local as local  # tests/integration is on sys.path (pytest's rootdir-relative import)
 from llamafleet.bench import measure
 from llamafleet.bench.rpcproxy import (
     Cmd,
@@ -46,6 +45,7 @@ from llamafleet.bench.rpcproxy import (
     measure_round_trip,
     set_tensor_payload,
 )
+from tests.integration import test_llamacpp_local as local
 
 pytestmark = pytest.mark.skipif(local.RPC_SERVER is None, reason=local.pytestmark.kwargs["reason"])
 

@@ -1,0 +1,31 @@
+"""deploy.yml with the lowest ansible-core that meta/runtime.yml claims, on the deployed lab.
+
+tests/integration/test_min_ansible.py checks that version's modules, filters and a localhost play; here the real
+roles run on real hosts with it: the same inventory and ansible.cfg as the other tests, the cluster that the
+current ansible-core deployed. Nothing is left to change (the roles decide the same with either version) and the
+cluster serves.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+from llamafleet.cluster import Endpoint
+from tests.helpers import INVENTORY, REPO, ansible_venv, env, lowest_ansible, parse_recap
+
+
+def test_deploy_on_the_lowest_ansible_core_changes_nothing(deployed, fleet):
+    lowest = lowest_ansible((REPO / "meta" / "runtime.yml").read_text())
+    bin_dir = ansible_venv(lowest)
+    version = subprocess.run([str(bin_dir / "ansible-playbook"), "--version"], capture_output=True, text=True,
+                             check=True).stdout
+    assert "[core %s]" % lowest in version.splitlines()[0], version
+    proc = subprocess.run([str(bin_dir / "ansible-playbook"), "-i", str(INVENTORY), str(REPO / "playbooks" / "deploy.yml")],
+                          cwd=REPO, env=env(), capture_output=True, text=True, timeout=1800, check=False)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-8000:]
+    recap = parse_recap(proc.stdout)
+    assert sorted(recap) == sorted(fleet.hosts), recap
+    assert sum(h["changed"] for h in recap.values()) == 0, recap
+    answer = Endpoint.of(fleet).complete("The capital of France is", n_predict=8)
+    assert answer["timings"]["predicted_n"] == 8
