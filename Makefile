@@ -102,11 +102,13 @@ partition-test: venv
 	@LLAMAFLEET_PARTITION_TEST=1 $(BIN)/pytest -q -s tests/e2e/test_faults.py -k partition
 
 # llama.cpp binaries for the local tests: the controller's artifact cache holds
-# what the deploy built for these hosts, which are Debian 12 like this machine.
+# what the deploy built for these hosts, which are Debian 12 like this machine. Only a build of the lab's own
+# llama.cpp (LLAMA_CPP_COMMIT): the cache also holds the upgrade tests' other release, another RPC protocol.
 llamacpp-local-test: venv
 	@echo "==> llama.cpp hash and HELLO compatibility tests (binaries from the deploy's artifact cache)"
-	@art=$$(ls -t $(CACHE)/artifacts/*-cpu-*.tar.gz 2>/dev/null | head -n 1); \
-	  if [ -z "$$art" ]; then echo "no llama.cpp artifact in $(CACHE)/artifacts: run make e2e-test first"; exit 1; fi; \
+	@commit=$$($(BIN)/python -c "from llamafleet.lab.artifacts import LLAMA_CPP_COMMIT; print(LLAMA_CPP_COMMIT[:12])"); \
+	  art=$$(ls -t $(CACHE)/artifacts/$$commit-cpu-*.tar.gz 2>/dev/null | head -n 1); \
+	  if [ -z "$$art" ]; then echo "no llama.cpp $$commit artifact in $(CACHE)/artifacts: run make e2e-test first"; exit 1; fi; \
 	  rm -rf .build/llamacpp && mkdir -p .build/llamacpp && tar -xzf "$$art" -C .build/llamacpp && \
 	  LLAMAFLEET_LLAMACPP_BIN=$(CURDIR)/.build/llamacpp/bin LLAMAFLEET_FNV_HELPER=$(CURDIR)/.build/llamacpp/bin/llamafleet-fnv1a64 \
 	  $(BIN)/pytest -q tests/integration/test_llamacpp_local.py tests/integration/test_rpcproxy_local.py
