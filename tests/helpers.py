@@ -132,3 +132,15 @@ def ansible_venv(version: str) -> Path:
                             "ansible-core==%s" % version], check=True)
             done.touch()
     return venv / "bin"
+
+
+def invocation(fleet, host: str, unit: str) -> str:
+    """The InvocationID of ``unit`` on ``host``: it changes on every (re)start."""
+    return fleet.run_one(f"systemctl show -p InvocationID --value {unit}", fleet.hosts[host]).strip()
+
+
+def current_builds(fleet) -> dict[str, str]:
+    """The build id each host's ``<build root>/current`` link names (a relative link: the id itself)."""
+    from llamafleet.core import constants  # noqa: PLC0415 - the library, only for the lab tests
+
+    return {host: r.stdout.strip() for host, r in fleet.run(f"readlink {constants.LLAMACPP_ROOT}/current").items()}

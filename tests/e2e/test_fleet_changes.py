@@ -12,14 +12,9 @@ import json
 
 from llamafleet.cluster import Endpoint, read_plan
 from llamafleet.core import constants
-from tests.helpers import INVENTORY, playbook
+from tests.helpers import INVENTORY, invocation, playbook
 
 RECORD = INVENTORY.parent / ".llamafleet" / "deployment.json"
-
-
-def invocation(fleet, host, unit) -> str:
-    """The unit's InvocationID: it changes on every (re)start."""
-    return fleet.run_one(f"systemctl show -p InvocationID --value {unit}", fleet.hosts[host]).strip()
 
 
 def unit_files(fleet, host) -> list[str]:

@@ -28,7 +28,7 @@ from llamafleet.cluster import Endpoint, read_plan, server_log
 from llamafleet.core import constants, deployment_record
 from llamafleet.core.log_parse import compare_with_plan, parse_load_log
 from tests.e2e.conftest import OTHER_LLAMACPP_COMMIT
-from tests.helpers import playbook
+from tests.helpers import current_builds, invocation, playbook
 
 SWITCH = re.compile(r"(lab\d+): llama\.cpp build (\S+) -> (\S+)")
 
@@ -49,25 +49,20 @@ def switch(fleet, new_source) -> dict[str, tuple[str, str]]:
     assert sorted(found) == sorted(fleet.hosts), run.output[-6000:]
     assert all(old != new and new.startswith(OTHER_LLAMACPP_COMMIT) for old, new in found.values()), found
     assert invocations(fleet) == before, "--check restarted a unit"
-    assert currents(fleet) == {host: old for host, (old, _new) in found.items()}
+    assert current_builds(fleet) == {host: old for host, (old, _new) in found.items()}
     return found
 
 
+def served_unit(fleet, host: str) -> str:
+    """The server unit of ``host``: llama-server on the orchestrator, rpc-server on a worker."""
+    return constants.LLAMA_SERVER_UNIT if host == fleet.orchestrator.name else constants.RPC_SERVER_UNIT
+
+
 def invocations(fleet) -> dict[str, str]:
-    """Every llamafleet service's InvocationID on every host (each (re)start changes it)."""
-    out = {}
-    for host in fleet.hosts.values():
-        units = [constants.LLAMA_SERVER_UNIT] if host.name == fleet.orchestrator.name else [constants.RPC_SERVER_UNIT]
-        for unit in units:
-            out["%s %s" % (host.name, unit)] = fleet.run_one("systemctl show -p InvocationID --value %s" % unit, host).strip()
+    """Every host's server InvocationID (each (re)start changes it)."""
+    out = {host: invocation(fleet, host, served_unit(fleet, host)) for host in fleet.hosts}
     assert all(out.values()), out
     return out
-
-
-def currents(fleet) -> dict[str, str]:
-    """The build each host's ``current`` link names."""
-    return {name: fleet.run_one("basename $(readlink %s/current)" % constants.LLAMACPP_ROOT, host).strip()
-            for name, host in fleet.hosts.items()}
 
 
 def recorded_builds(fleet) -> dict[str, str]:
@@ -96,7 +91,7 @@ def test_a_host_that_cannot_install_stops_the_upgrade_before_any_switch(fleet, s
     assert run.rc != 0
     assert "lab3: installing llama.cpp build %s failed" % new in run.output, run.output[-6000:]
     assert invocations(fleet) == before, "a unit restarted although the build phase failed"
-    assert currents(fleet) == {host: old for host, (old, _new) in switch.items()}
+    assert current_builds(fleet) == {host: old for host, (old, _new) in switch.items()}
     serves(fleet)
 
 
@@ -108,7 +103,7 @@ def test_installing_ahead_restarts_nothing(fleet, switch, new_source):
         _old, new = switch[name]
         assert fleet.run_one("test -f %s/%s/BUILDINFO.json && echo yes" % (constants.LLAMACPP_ROOT, new), host).strip() == "yes"
     assert invocations(fleet) == before
-    assert currents(fleet) == {host: old for host, (old, _new) in switch.items()}
+    assert current_builds(fleet) == {host: old for host, (old, _new) in switch.items()}
     serves(fleet)
 
 
@@ -131,10 +126,9 @@ def test_a_host_that_fails_to_switch_rolls_every_host_back(fleet, switch, new_so
         run.output[-8000:]
     old = {host: old for host, (old, _new) in switch.items()}
     assert recorded_builds(fleet) == old
-    assert currents(fleet) == old
+    assert current_builds(fleet) == old
     for name, host in fleet.hosts.items():
-        unit = constants.LLAMA_SERVER_UNIT if name == fleet.orchestrator.name else constants.RPC_SERVER_UNIT
-        exec_start = fleet.run_one("systemctl show -p ExecStart --value %s" % unit, host)
+        exec_start = fleet.run_one("systemctl show -p ExecStart --value %s" % served_unit(fleet, name), host)
         assert "/%s/bin/" % old[name] in exec_start, (name, exec_start)
     serves(fleet)
 
@@ -144,7 +138,7 @@ def test_the_upgrade_switches_every_host(fleet, switch, new_source):
     assert run.rc == 0, run.output[-8000:]
     new = {host: new for host, (_old, new) in switch.items()}
     assert recorded_builds(fleet) == new
-    assert currents(fleet) == new
+    assert current_builds(fleet) == new
     serves(fleet)
     # llama.cpp 4df29be4f places the layers as planned
     assert compare_with_plan(read_plan(fleet), parse_load_log(server_log(fleet))) == []
@@ -162,7 +156,7 @@ def test_back_to_the_labs_source(fleet, switch):
     assert {name: fleet.run_one("stat -c %%Y %s/%s/BUILDINFO.json" % (constants.LLAMACPP_ROOT, before[name]),
                                 host).strip() for name, host in fleet.hosts.items()} == installed
     assert recorded_builds(fleet) == before
-    assert currents(fleet) == before
+    assert current_builds(fleet) == before
     serves(fleet)
     again = playbook("deploy.yml", timeout=1800)
     assert again.rc == 0 and again.changed == 0, again.recap

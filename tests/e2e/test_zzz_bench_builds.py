@@ -13,16 +13,10 @@ import json
 import pytest
 
 from llamafleet.cluster import Endpoint
-from tests.helpers import playbook
+from tests.helpers import current_builds, playbook
 
 MATRIX = {"bench_worker_counts": [2], "bench_latencies_ms": [0], "bench_repetitions": 2, "bench_n_predict": 16,
           "bench_concurrency": []}
-
-
-def current_builds(fleet) -> dict[str, str]:
-    """The build each host's /opt/llamafleet/llama.cpp/current points at."""
-    res = fleet.run("readlink /opt/llamafleet/llama.cpp/current")
-    return {host: r.stdout.strip() for host, r in res.items()}
 
 
 @pytest.fixture(scope="module")
