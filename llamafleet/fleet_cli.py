@@ -74,7 +74,8 @@ def serving_cell(row: dict[str, Any]) -> str:
 
 def status_note(row: dict[str, Any]) -> str:
     """The last column: why the cluster does not serve and /health when it adds to that, or why the host could
-    not be read; else /health's answer; then the watchdog's restarts, if any."""
+    not be read; else /health's answer (and how long the last model load took); then the watchdog's restarts,
+    if any."""
     notes = [row["serving"]] if row.get("serving") and (row.get("serving_state") != SERVING
                                                         or row.get("degraded_without")) else []
     health = row.get("health")
@@ -83,6 +84,8 @@ def status_note(row: dict[str, Any]) -> str:
     if health and health != "ok" and not repeats:
         notes.append(health)
     note = "; ".join(notes) or row.get("error") or health or "-"
+    if row.get("serving_state") == SERVING and isinstance(row.get("load_seconds"), (int, float)):
+        note += f", model loaded in {row['load_seconds']:.1f} s"
     restarts = row.get("gate_restarts")
     return f"{note} ({restarts} watchdog restart{'' if restarts == 1 else 's'})" if restarts else note
 

@@ -13,7 +13,8 @@ The serving gate (``serving_gate.py``) adds, on the orchestrator: ``gate``
 (its unit's state), ``serving`` (``STATE: reason`` from its state file, or
 ``gate not running (...)``), ``serving_state`` (serving, loading, down; None
 when the gate is not running), ``serving_since`` (seconds in that state),
-``gate_restarts`` (llama-server restarts by the watchdog) and ``gate_state``
+``gate_restarts`` (llama-server restarts by the watchdog), ``load_seconds`` (how long
+llama-server's last model load took, as the gate saw it; None before one ended) and ``gate_state``
 (the state file as read); on a worker: ``guard`` (its rpc-server guard unit's
 state) and ``link`` (what the gate sees of llama-server's link to it: ok,
 stalled, lost, unknown; None when llama-server does not use the worker).
@@ -105,8 +106,10 @@ def gate_fields(unit_state: str, found: dict[str, Any]) -> dict[str, Any]:
     GATE_STATE_MAX_AGE seconds ago by the host's clock); otherwise the gate is not running.
     """
     doc = found["doc"]
+    load = (doc.get("load") if doc else None) or {}
     fields: dict[str, Any] = {"gate": unit_state, "serving_state": None, "serving_since": None,
-                              "gate_restarts": doc["restarts"] if doc else None, "gate_state": doc}
+                              "gate_restarts": doc["restarts"] if doc else None, "gate_state": doc,
+                              "load_seconds": load.get("last_seconds") if isinstance(load, dict) else None}
     if unit_state != "active":
         return dict(fields, serving=f"gate not running ({constants.GATE_UNIT} is {unit_state})")
     if doc is None:

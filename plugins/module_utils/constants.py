@@ -122,6 +122,10 @@ RPC_METRICS_FILE = "llamafleet_rpc.prom"
 # Prometheus jobs of the monitoring role (its file_sd files are named after them; the dashboard selects by them).
 PROMETHEUS_JOB_LLAMA_SERVER = "llamafleet-llama-server"
 PROMETHEUS_JOB_NODE = "llamafleet-node"
+# The serving gate's own metrics (state, restarts, the last model load's duration): a path the gate answers itself
+# (serving_gate.GATE_METRICS_PATH; a test keeps the two equal), scraped on the llama-server targets with the key.
+PROMETHEUS_JOB_GATE = "llamafleet-gate"
+GATE_METRICS_PATH = "/llamafleet/metrics"
 # Degraded mode (llama_server_degrade): the plans without one worker host, each a drop-in for llama-server's unit
 # (written by the llama_server role, DEGRADED_PLANS_DIR/without-HOST.conf); the gate asks for one (or "full") in
 # PLAN_REQUEST_PATH, and the root switch service (started by its path unit) puts it in place as a runtime

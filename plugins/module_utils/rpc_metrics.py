@@ -40,7 +40,6 @@ write it uses) and run as ``python3 rpc_metrics.py --output FILE [--cache-dir DI
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import sys
@@ -49,10 +48,10 @@ from typing import Any, Callable, Iterable, Sequence
 
 try:
     from .serving_gate import (SS_ESTABLISHED, SS_LISTENERS, command_output, established_on, parse_listeners,
-                               parse_ss, write_text_atomic)
+                               parse_ss, render_exposition, write_text_atomic)
 except ImportError:  # run as a script: serving_gate.py lies beside it (sys.path[0]), the rpc_server role installs both
     from serving_gate import (SS_ESTABLISHED, SS_LISTENERS, command_output, established_on,  # type: ignore[no-redef]
-                              parse_listeners, parse_ss, write_text_atomic)
+                              parse_listeners, parse_ss, render_exposition, write_text_atomic)
 
 # The lines rpc-server prints (stdout, flushed) when it accepts a client and when that client goes (ggml-rpc.cpp).
 ACCEPTED = "Accepted client connection"
@@ -194,36 +193,13 @@ def server_samples(server: Server, active: bool, listeners: dict[int, tuple[int,
     return samples
 
 
-def _escape_label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
-
-
-def format_value(value: float) -> str:
-    """A sample value as the text format writes it (integers without a fraction)."""
-    number = float(value)
-    if math.isnan(number):
-        return "NaN"
-    if math.isinf(number):
-        return "+Inf" if number > 0 else "-Inf"
-    return "%d" % number if number.is_integer() and abs(number) < 2 ** 53 else repr(number)
-
-
 def render(samples: Sequence[Sample]) -> str:
-    """Prometheus text exposition of ``samples``: each metric of :data:`METRICS` that has samples, with its
-    HELP and TYPE lines, its samples sorted by labels. Unknown metric names are an error."""
-    unknown = sorted({name for name, _labels, _value in samples} - set(METRICS))
-    if unknown:
-        raise MetricsError("unknown metric(s): %s" % ", ".join(unknown))
-    lines = []
-    for name, (kind, text) in METRICS.items():
-        rows = sorted((sorted(labels.items()), value) for metric, labels, value in samples if metric == name)
-        if not rows:
-            continue
-        lines += ["# HELP %s %s" % (name, text.replace("\\", "\\\\").replace("\n", "\\n")), "# TYPE %s %s" % (name, kind)]
-        for labels, value in rows:
-            label_text = ",".join('%s="%s"' % (key, _escape_label(str(val))) for key, val in labels)
-            lines.append("%s%s %s" % (name, "{%s}" % label_text if label_text else "", format_value(value)))
-    return "\n".join(lines) + "\n"
+    """Prometheus text exposition of ``samples`` (see serving_gate.render_exposition); an unknown metric name is
+    a MetricsError."""
+    try:
+        return render_exposition(METRICS, samples)
+    except ValueError as exc:
+        raise MetricsError(str(exc)) from exc
 
 
 def collect(servers: Sequence[Server], cache_dir: str | None, run: Runner = command_output,

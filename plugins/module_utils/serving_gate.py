@@ -43,8 +43,10 @@ Stdlib only: this file is copied alone to the host, and is a module_utils file o
 from __future__ import annotations
 
 import asyncio
+import hmac
 import ipaddress
 import json
+import math
 import os
 import re
 import signal
@@ -56,7 +58,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 # Configuration defaults (seconds unless named otherwise).
 DEFAULT_LISTEN_HOST = "0.0.0.0"
@@ -108,6 +110,8 @@ ACTION_NONE = "none"
 ACTION_RESTART = "restart"
 
 HEALTH_PATHS = ("/health", "/v1/health")
+# The gate's own metrics, answered by the gate in every state (with the API key when one is set).
+GATE_METRICS_PATH = "/llamafleet/metrics"
 # /metrics counters that move whenever llama-server makes progress (n_decode_total: every llama_decode call).
 PROGRESS_COUNTERS = ("llamacpp:tokens_predicted_total", "llamacpp:prompt_tokens_total", "llamacpp:n_decode_total")
 CANARY_BODY = {"prompt": "ping", "n_predict": 1, "cache_prompt": False}
@@ -115,9 +119,9 @@ LOG_PREFIX = "llamafleet-gate: "
 NOT_RUNNING = "llama-server is not running (restarting)"
 STARTING = "the gate is starting"
 
-_REASONS = {200: "OK", 400: "Bad Request", 408: "Request Timeout", 411: "Length Required", 500: "Internal Server Error",
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 408: "Request Timeout", 411: "Length Required", 500: "Internal Server Error",
             501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
-_ERROR_TYPES = {400: "invalid_request_error", 408: "invalid_request_error", 411: "invalid_request_error",
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 408: "invalid_request_error", 411: "invalid_request_error",
                 501: "not_supported_error", 502: "server_error", 503: "unavailable_error", 504: "timeout_error"}
 # Hop-by-hop headers (RFC 9110 7.6.1) the gate replaces; Expect is answered by the gate itself.
 _HOP_BY_HOP = frozenset(("connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade", "expect"))
@@ -584,6 +588,136 @@ def admission(state: str, req: RequestHead) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# Prometheus text exposition: the gate's own metrics, and the workers' (rpc_metrics.py)
+
+Sample = tuple[str, Mapping[str, str], float]
+
+# name: (type, help) of the gate's metrics, in the order it lists them.
+GATE_METRICS: dict[str, tuple[str, str]] = {
+    "llamafleet_gate_state": (
+        "gauge", "1 for the cluster state the gate enforces now (label state: serving, loading or down), else 0."),
+    "llamafleet_gate_state_since_seconds": ("gauge", "Unix time the gate entered its current state."),
+    "llamafleet_gate_requests_total": ("counter", "Client requests the gate read (its own metrics excluded)."),
+    "llamafleet_gate_rejected_total": ("counter", "Client requests the gate answered 503 itself."),
+    "llamafleet_gate_aborted_total": ("counter", "Requests in flight the gate ended because the cluster went down."),
+    "llamafleet_gate_in_flight": ("gauge", "Requests relayed to llama-server now."),
+    "llamafleet_gate_restarts_total": (
+        "counter", "llama-server restarts the watchdog made (SIGKILL when stuck or stalled; systemd starts it again)."),
+    "llamafleet_gate_degraded": (
+        "gauge", "1 while llama-server runs a plan without a lost worker host (llama_server_degrade), else 0."),
+    "llamafleet_llama_server_load_seconds": (
+        "gauge", "Seconds the last model load took: from llama-server's start (systemd's ExecMainStartTimestamp) to "
+                 "its first /health 200, as the gate's poll saw it. Absent until the gate saw a load end."),
+    "llamafleet_llama_server_ready_since_seconds": (
+        "gauge", "Unix time llama-server's last load ended (its first /health 200)."),
+    "llamafleet_llama_server_loads_total": ("counter", "Model loads the gate saw end since it started."),
+}
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
+
+
+def format_value(value: float) -> str:
+    """A sample value as the text format writes it (integers without a fraction)."""
+    number = float(value)
+    if math.isnan(number):
+        return "NaN"
+    if math.isinf(number):
+        return "+Inf" if number > 0 else "-Inf"
+    return "%d" % number if number.is_integer() and abs(number) < 2 ** 53 else repr(number)
+
+
+def render_exposition(metrics: Mapping[str, tuple[str, str]], samples: Sequence[Sample]) -> str:
+    """Prometheus text exposition of ``samples``: each metric of ``metrics`` (name: (type, help)) that has
+    samples, in that order, with its HELP and TYPE lines and its samples sorted by labels. A sample of a name
+    not in ``metrics`` is a ValueError."""
+    unknown = sorted({name for name, _labels, _value in samples} - set(metrics))
+    if unknown:
+        raise ValueError("unknown metric(s): %s" % ", ".join(unknown))
+    lines = []
+    for name, (kind, text) in metrics.items():
+        rows = sorted((sorted(labels.items()), value) for metric, labels, value in samples if metric == name)
+        if not rows:
+            continue
+        lines += ["# HELP %s %s" % (name, text.replace("\\", "\\\\").replace("\n", "\\n")),
+                  "# TYPE %s %s" % (name, kind)]
+        for labels, value in rows:
+            label_text = ",".join('%s="%s"' % (key, _escape_label(str(val))) for key, val in labels)
+            lines.append("%s%s %s" % (name, "{%s}" % label_text if label_text else "", format_value(value)))
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class LoadClock:
+    """What the gate knows of llama-server's model loads: the process it watches (``pid``, and when systemd
+    started it, monotonic seconds), whether its load has ended, and the last load that did."""
+
+    pid: int = 0
+    started: float | None = None
+    ready: bool = False
+    last_seconds: float | None = None
+    ready_at: float | None = None  # Unix time
+    loads: int = 0
+
+
+def track_load(clock: LoadClock, pid: int, started: float | None, health: int | str | None, now: float,
+               wall: float) -> LoadClock:
+    """One poll: a new ``pid`` begins a load (``started``: systemd's start of it, monotonic seconds; unknown:
+    ``now``); its first /health 200 ends it, and the load took ``now - started``. ``pid`` 0 (not running)
+    forgets the process, so a restart of the same pid number is a new load too."""
+    if pid <= 0:
+        return LoadClock(last_seconds=clock.last_seconds, ready_at=clock.ready_at, loads=clock.loads)
+    if pid != clock.pid:
+        clock = LoadClock(pid, started if started is not None else now, False, clock.last_seconds, clock.ready_at,
+                          clock.loads)
+    if health == 200 and not clock.ready:
+        begun = clock.started if clock.started is not None else now
+        return LoadClock(pid, clock.started, True, max(0.0, now - begun), wall, clock.loads + 1)
+    return clock
+
+
+def gate_samples(state: str, since: float, counters: Mapping[str, int], in_flight: int, restarts: int,
+                 degraded: bool | None, load: LoadClock) -> list[Sample]:
+    """The gate's metrics (:data:`GATE_METRICS`) from its state; ``degraded`` None: degraded mode is off."""
+    samples: list[Sample] = [("llamafleet_gate_state", {"state": name}, 1 if name == state else 0) for name in STATES]
+    samples += [("llamafleet_gate_state_since_seconds", {}, since),
+                ("llamafleet_gate_requests_total", {}, counters.get("requests", 0)),
+                ("llamafleet_gate_rejected_total", {}, counters.get("rejected_503", 0)),
+                ("llamafleet_gate_aborted_total", {}, counters.get("aborted", 0)),
+                ("llamafleet_gate_in_flight", {}, in_flight),
+                ("llamafleet_gate_restarts_total", {}, restarts),
+                ("llamafleet_llama_server_loads_total", {}, load.loads)]
+    if degraded is not None:
+        samples.append(("llamafleet_gate_degraded", {}, 1 if degraded else 0))
+    if load.last_seconds is not None:
+        samples.append(("llamafleet_llama_server_load_seconds", {}, round(load.last_seconds, 3)))
+    if load.ready_at is not None:
+        samples.append(("llamafleet_llama_server_ready_since_seconds", {}, round(load.ready_at, 3)))
+    return samples
+
+
+def bearer_ok(req: RequestHead, key: str | None) -> bool:
+    """True when no key is set, or ``req`` carries ``Authorization: Bearer <key>`` (compared in constant time)."""
+    if not key:
+        return True
+    expected = ("Bearer %s" % key).encode("utf-8")
+    return any(hmac.compare_digest(value.strip().encode("utf-8"), expected) for value in req.get("authorization"))
+
+
+def metrics_response(req: RequestHead, key: str | None, text: str) -> bytes:
+    """The answer to ``GET``/``HEAD`` :data:`GATE_METRICS_PATH`: 401 without the API key (when one is set),
+    else ``text`` as Prometheus text format."""
+    if not bearer_ok(req, key):
+        return error_response(401, "the gate's metrics need the API key (Authorization: Bearer)",
+                              body=req.method != "HEAD")
+    payload = text.encode("utf-8")
+    head = ["HTTP/1.1 200 OK", "Content-Type: text/plain; version=0.0.4; charset=utf-8",
+            "Content-Length: %d" % len(payload), "Connection: close"]
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (payload if req.method != "HEAD" else b"")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Observations: ss, systemctl, /metrics
 
 
@@ -800,7 +934,7 @@ def count_stalls(previous: dict[str, int], links: dict[str, dict[str, Any]] | No
 
 def systemctl_show_argv(unit: str) -> list[str]:
     """The command whose output parse_systemctl_show reads (the gate's watchdog and the guard use it)."""
-    return ["systemctl", "show", "-p", "MainPID", "-p", "ActiveState", unit]
+    return ["systemctl", "show", "-p", "MainPID", "-p", "ActiveState", "-p", "ExecMainStartTimestampMonotonic", unit]
 
 
 # ss commands: the gate reads tcp_info of established links; the guard reads listeners and established peers.
@@ -814,6 +948,14 @@ def parse_systemctl_show(text: str) -> tuple[str, int]:
     values = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
     pid = values.get("MainPID", "0").strip()
     return values.get("ActiveState", "unknown").strip() or "unknown", int(pid) if pid.isdigit() else 0
+
+
+def main_start(text: str) -> float | None:
+    """When systemd started the unit's main process (``ExecMainStartTimestampMonotonic``, microseconds of
+    CLOCK_MONOTONIC, as time.monotonic() counts) in seconds; None when not shown or 0."""
+    values = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    raw = values.get("ExecMainStartTimestampMonotonic", "").strip()
+    return int(raw) / 1e6 if raw.isdigit() and int(raw) > 0 else None
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -1073,6 +1215,9 @@ class Gate:
         self.last_answer = float("-inf")
         self._server: asyncio.AbstractServer | None = None
         self._stopping = False
+        # the gate's own metrics (GATE_METRICS_PATH) and the API key they need: set by serve() from the watchdog
+        self.metrics_text: Callable[[], str] | None = None
+        self.metrics_key: Callable[[], str | None] = lambda: None
 
     def set_state(self, state: str, reason: str) -> bool:
         """Set the cluster state; going ``down`` ends every request in flight at once.
@@ -1192,6 +1337,9 @@ class Gate:
             framing = request_body(req)
         except HeadError as exc:
             await self._answer(writer, error_response(exc.status, exc.message))
+            return
+        if req.path == GATE_METRICS_PATH and req.method in ("GET", "HEAD") and self.metrics_text is not None:
+            await self._answer(writer, metrics_response(req, self.metrics_key(), self.metrics_text()))
             return
         self.counters["requests"] += 1
         if not admission(self.state, req):
@@ -1512,6 +1660,8 @@ class Watchdog:
         self.restarts = 0
         self.last_action: dict[str, Any] | None = None
         self.health_timeouts = 0
+        self.main_started: float | None = None  # systemd's start of llama-server's main process (monotonic s)
+        self.load = LoadClock()
         self.canary_state: dict[str, Any] = {"last_ok": None, "last_ms": None}
         self._canary_task: asyncio.Task | None = None  # type: ignore[type-arg]
         self._canary_started = 0.0
@@ -1555,6 +1705,7 @@ class Watchdog:
     async def process(self) -> tuple[str | None, int]:
         out = await run_command(systemctl_show_argv(self.cfg.unit))
         self._error("systemctl", None if out is not None else "systemctl show %s gave no answer" % self.cfg.unit)
+        self.main_started = main_start(out) if out is not None else None
         return parse_systemctl_show(out) if out is not None else (None, 0)
 
     async def health(self) -> int | str:
@@ -1631,6 +1782,11 @@ class Watchdog:
         active, pid = await self.process()
         running = active == "active" and pid > 0
         health = await self.health() if running else None
+        loaded = self.load.loads
+        self.load = track_load(self.load, pid if running else 0, self.main_started, health, time.monotonic(),
+                               self.gate.clock())
+        if self.load.loads != loaded:
+            log("llama-server (pid %d) loaded the model in %.1f s" % (pid, self.load.last_seconds or 0.0))
         conns = await self.connections()
         self.workers = self.workers_of(pid) if running else self.workers
         self.links = await self.observe_links(conns)
@@ -1761,7 +1917,15 @@ class Watchdog:
         return {"state": self.gate.state, "reason": self.gate.reason, "since": self.gate.since, "plan": plan,
                 "updated": self.gate.clock(), "restarts": self.restarts, "last_action": self.last_action,
                 "workers": workers, "canary": self.canary_state, "counters": dict(self.gate.counters),
-                "in_flight": self.gate.in_flight, "health_timeouts": self.health_timeouts}
+                "in_flight": self.gate.in_flight, "health_timeouts": self.health_timeouts,
+                "load": {"last_seconds": self.load.last_seconds, "ready_at": self.load.ready_at,
+                         "loads": self.load.loads}}
+
+    def metrics_text(self) -> str:
+        """The gate's metrics (GATE_METRICS_PATH) as Prometheus text."""
+        degraded = None if self.cfg.degrade is None else self.without is not None
+        return render_exposition(GATE_METRICS, gate_samples(self.gate.state, self.gate.since, self.gate.counters,
+                                                            self.gate.in_flight, self.restarts, degraded, self.load))
 
     def write_state(self) -> None:
         """Write the snapshot atomically (temp file + rename) to state_file."""
@@ -1812,6 +1976,7 @@ async def serve(cfg: Config) -> None:
     log("listening on %s:%d%s, relaying to %s:%d"
         % (cfg.listen_host, cfg.listen_port, " (TLS)" if cfg.tls_cert else "", cfg.upstream_host, cfg.upstream_port))
     watchdog = Watchdog(gate, cfg)
+    gate.metrics_text, gate.metrics_key = watchdog.metrics_text, watchdog.api_key
     task = asyncio.ensure_future(watchdog.run())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -23,6 +23,7 @@ import urllib.parse
 import pytest
 import yaml
 
+from llamafleet.bench.fleet_bench import load_seconds
 from llamafleet.cluster import Endpoint, read_plan
 from llamafleet.core import constants
 from tests.helpers import playbook
@@ -91,7 +92,8 @@ def active_targets(fleet) -> dict[tuple[str, str], str]:
 def test_every_target_is_up(monitored, fleet):
     orch = fleet.orchestrator.name
     hosts = sorted([orch] + [w.name for w in fleet.workers])
-    expected = {(constants.PROMETHEUS_JOB_LLAMA_SERVER, orch): "up", ("prometheus", "127.0.0.1:%d" % constants.PROMETHEUS_PORT): "up"}
+    expected = {(constants.PROMETHEUS_JOB_LLAMA_SERVER, orch): "up", (constants.PROMETHEUS_JOB_GATE, orch): "up",
+                ("prometheus", "127.0.0.1:%d" % constants.PROMETHEUS_PORT): "up"}
     expected.update({(constants.PROMETHEUS_JOB_NODE, host): "up" for host in hosts})
     deadline = time.monotonic() + SCRAPE_WAIT
     while (targets := active_targets(fleet)) != expected and time.monotonic() < deadline:
@@ -133,6 +135,31 @@ def test_every_worker_reports_its_rpc_server(monitored, fleet):
     errors = query(fleet, "llamafleet_rpc_metrics_errors")
     assert sorted(x["metric"]["llamafleet_host"] for x in errors) == workers
     assert all(x["value"][1] == "0" for x in errors), errors
+
+
+def test_the_gate_reports_how_long_the_model_load_took(monitored, fleet):
+    """A restart of llama-server: the gate's metrics count one more load, and its duration is llama.cpp's own
+    (the unit's start to the journal's ``model loaded`` line), plus at most the gate's poll and /health."""
+    orch, unit = fleet.orchestrator, constants.LLAMA_SERVER_UNIT
+    gate = '{job="%s"}' % constants.PROMETHEUS_JOB_GATE
+    loads = wait_for(fleet, "llamafleet_llama_server_loads_total" + gate, bool)
+    assert loads, "the gate's metrics never arrived"
+    before = float(loads[0]["value"][1])
+    fleet.run_one("systemctl restart %s" % unit, orch, what="restart llama-server", timeout=120)
+    result = wait_for(fleet, "llamafleet_llama_server_loads_total" + gate,
+                      lambda r: bool(r) and float(r[0]["value"][1]) > before, timeout=SCRAPE_WAIT + 120)
+    assert result and float(result[0]["value"][1]) == before + 1, (before, result)
+    seconds = float(query(fleet, "llamafleet_llama_server_load_seconds" + gate)[0]["value"][1])
+    start, line = fleet.run_one(
+        "systemctl show -p ExecMainStartTimestampMonotonic --value %s; "
+        "journalctl _PID=$(systemctl show -p MainPID --value %s) -o short-monotonic --no-pager | grep -m1 'model loaded'"
+        % (unit, unit), orch, what="llama-server's start and load").splitlines()
+    expected = load_seconds(start, line)
+    assert expected is not None and expected > 0, (start, line)
+    assert expected <= seconds <= expected + 3.0, (seconds, expected, line)
+    serving = 'llamafleet_gate_state{job="%s",state="serving"} == 1' % constants.PROMETHEUS_JOB_GATE
+    state = wait_for(fleet, serving, bool)
+    assert len(state) == 1 and state[0]["metric"]["llamafleet_host"] == orch.name, state
 
 
 def test_prometheus_reads_the_key_only_it_may_read(monitored, fleet):

@@ -94,6 +94,10 @@ GATE = {"gate": "active", "gate_restarts": 0}
         (dict(ORCH_ROW, **GATE, health="ok", serving="serving: llama-server is serving", serving_state="serving",
               serving_since=7300),
          ["lab1", "orchestrator", "10.0.0.1", "active", "1", "b1", "-", "active", "-", "serving", "2h", "ok"]),
+        (dict(ORCH_ROW, **GATE, health="ok", serving="serving: llama-server is serving", serving_state="serving",
+              serving_since=7300, load_seconds=8.04),
+         ["lab1", "orchestrator", "10.0.0.1", "active", "1", "b1", "-", "active", "-", "serving", "2h", "ok,",
+          "model", "loaded", "in", "8.0", "s"]),
         # loading: /health's 503 only repeats the gate's reason
         (dict(ORCH_ROW, **GATE, health="HTTP 503: Loading model", serving="loading: llama-server is loading the model",
               serving_state="loading", serving_since=75),

@@ -136,6 +136,13 @@ def test_gate_fields_of_a_degraded_cluster(fixture_text):
     assert gate_fields("active", parse_gate_state("1795468280\n" + json.dumps(doc)))["degraded_without"] is None
 
 
+def test_gate_fields_carry_the_last_model_load(fixture_text):
+    doc = json.loads(fixture_text("gate-state_serving_generated.json"))
+    assert gate_fields("active", parse_gate_state("1795468280\n" + json.dumps(doc)))["load_seconds"] is None
+    doc["load"] = {"last_seconds": 8.25, "ready_at": 1795468000.0, "loads": 2}
+    assert gate_fields("active", parse_gate_state("1795468280\n" + json.dumps(doc)))["load_seconds"] == 8.25
+
+
 def test_gate_fields_without_a_state_file():
     fields = gate_fields("inactive", parse_gate_state(f"{NOW}\n"))
     assert fields["serving"] == f"gate not running ({constants.GATE_UNIT} is inactive)"

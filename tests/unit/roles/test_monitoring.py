@@ -22,6 +22,7 @@ import yaml
 
 from ansible_collections.llamafleet.cluster.plugins.module_utils import constants as c
 from ansible_collections.llamafleet.cluster.plugins.module_utils import rpc_metrics as rm
+from ansible_collections.llamafleet.cluster.plugins.module_utils import serving_gate as sg
 from ansible_collections.llamafleet.cluster.plugins.module_utils.systemd_unit import render_rpc_server_unit
 
 REPO = Path(__file__).resolve().parents[3]
@@ -100,6 +101,8 @@ SOURCES = {
     "textfile writer": exposition_names(textfile_output()),
     "node_exporter": exposition_names(
         (FIXTURES / "prometheus-node-exporter_1.5.0_types_and_textfile_real.txt").read_text(encoding="utf-8")),
+    "serving gate": exposition_names(sg.render_exposition(sg.GATE_METRICS, sg.gate_samples(
+        "serving", 1.0, {}, 0, 0, False, sg.LoadClock(last_seconds=1.0, ready_at=1.0, loads=1)))),
     "Prometheus": {"up"},
 }
 
@@ -122,6 +125,7 @@ def test_the_sources_know_what_this_build_exports() -> None:
             "llamacpp:n_tokens_max"} <= llama
     assert not {"llamacpp:kv_cache_usage_ratio", "llamacpp:kv_cache_tokens"} & llama
     assert set(rm.METRICS) == SOURCES["textfile writer"]
+    assert set(sg.GATE_METRICS) == SOURCES["serving gate"]
 
 
 def test_every_metric_the_dashboard_asks_for_exists() -> None:
@@ -131,13 +135,13 @@ def test_every_metric_the_dashboard_asks_for_exists() -> None:
     missing = {name: expr for name, expr in asked.items() if name not in known}
     assert not missing, "the dashboard queries metrics no source exports: %s" % missing
     # it shows each source: llama-server, the workers' facts, the hosts
-    for source in ("llama-server /metrics", "textfile writer", "node_exporter", "Prometheus"):
+    for source in ("llama-server /metrics", "textfile writer", "serving gate", "node_exporter", "Prometheus"):
         assert set(asked) & SOURCES[source], "the dashboard shows nothing from %s" % source
 
 
 def test_the_dashboard_selects_the_roles_jobs() -> None:
     jobs = {job for expr in dashboard_exprs() for job in re.findall(r'job="([^"]*)"', expr)}
-    assert jobs == {c.PROMETHEUS_JOB_LLAMA_SERVER, c.PROMETHEUS_JOB_NODE}
+    assert jobs == {c.PROMETHEUS_JOB_LLAMA_SERVER, c.PROMETHEUS_JOB_GATE, c.PROMETHEUS_JOB_NODE}
 
 
 def test_the_dashboard_is_provisionable() -> None:
@@ -242,20 +246,26 @@ def _jobs(path: Path) -> dict[str, dict[str, Any]]:
 
 def test_prometheus_scrapes_llama_server_through_the_gate_with_the_key(rendered: Path) -> None:
     jobs = _jobs(rendered / "prometheus-key.yml")
-    assert set(jobs) == {"prometheus", c.PROMETHEUS_JOB_LLAMA_SERVER, c.PROMETHEUS_JOB_NODE}
+    assert set(jobs) == {"prometheus", c.PROMETHEUS_JOB_LLAMA_SERVER, c.PROMETHEUS_JOB_GATE, c.PROMETHEUS_JOB_NODE}
     assert jobs["prometheus"]["static_configs"] == [{"targets": ["127.0.0.1:%d" % c.PROMETHEUS_PORT]}]
-    llama = jobs[c.PROMETHEUS_JOB_LLAMA_SERVER]
-    assert (llama["scheme"], llama["metrics_path"]) == ("http", "/metrics") and "tls_config" not in llama
-    assert llama["authorization"] == {"type": "Bearer", "credentials_file": "/etc/prometheus/llamafleet-llama-server.key"}
-    for job in (c.PROMETHEUS_JOB_LLAMA_SERVER, c.PROMETHEUS_JOB_NODE):
-        assert jobs[job]["file_sd_configs"] == [{"files": ["/etc/prometheus/file_sd/%s.json" % job]}]
+    # llama-server's /metrics and the gate's own: the same targets (the gate's port), key and scheme
+    for job, path in ((c.PROMETHEUS_JOB_LLAMA_SERVER, "/metrics"), (c.PROMETHEUS_JOB_GATE, c.GATE_METRICS_PATH)):
+        scrape = jobs[job]
+        assert (scrape["scheme"], scrape["metrics_path"]) == ("http", path) and "tls_config" not in scrape
+        assert scrape["authorization"] == {"type": "Bearer",
+                                           "credentials_file": "/etc/prometheus/llamafleet-llama-server.key"}
+        assert scrape["file_sd_configs"] == [
+            {"files": ["/etc/prometheus/file_sd/%s.json" % c.PROMETHEUS_JOB_LLAMA_SERVER]}]
+    assert jobs[c.PROMETHEUS_JOB_NODE]["file_sd_configs"] == [
+        {"files": ["/etc/prometheus/file_sd/%s.json" % c.PROMETHEUS_JOB_NODE]}]
     assert "authorization" not in jobs[c.PROMETHEUS_JOB_NODE]  # the key goes to llama-server only
 
 
 def test_prometheus_without_a_key_over_https(rendered: Path) -> None:
-    llama = _jobs(rendered / "prometheus-nokey.yml")[c.PROMETHEUS_JOB_LLAMA_SERVER]
-    assert "authorization" not in llama and llama["scheme"] == "https"
-    assert llama["tls_config"] == {"ca_file": "/etc/prometheus/llamafleet-llama-server-ca.pem"}
+    jobs = _jobs(rendered / "prometheus-nokey.yml")
+    for job in (c.PROMETHEUS_JOB_LLAMA_SERVER, c.PROMETHEUS_JOB_GATE):
+        assert "authorization" not in jobs[job] and jobs[job]["scheme"] == "https"
+        assert jobs[job]["tls_config"] == {"ca_file": "/etc/prometheus/llamafleet-llama-server-ca.pem"}
 
 
 def _service(text: str) -> tuple[list[str], list[str]]:

@@ -218,14 +218,6 @@ def test_collect_counts_what_failed(tmp_path: Path, fail, errors, up, since) -> 
     assert values(samples, "llamafleet_rpc_server_client_connected_since_seconds") == since
 
 
-@pytest.mark.parametrize(("value", "text"), [
-    (0, "0"), (1, "1"), (178257920, "178257920"), (1795498676.93033, "1795498676.93033"), (0.5, "0.5"),
-    (float("nan"), "NaN"), (float("inf"), "+Inf"), (float("-inf"), "-Inf"), (2.0 ** 60, repr(2.0 ** 60)),
-])
-def test_format_value(value: float, text: str) -> None:
-    assert rm.format_value(value) == text
-
-
 def test_render_groups_each_metric_with_its_help_and_type() -> None:
     text = rm.render([
         ("llamafleet_rpc_cache_bytes", {}, 12),

@@ -546,6 +546,87 @@ def test_systemctl_metrics_and_progress() -> None:
     assert sg.made_progress(before, None) is None and sg.made_progress({}, {}) is None
 
 
+@pytest.mark.parametrize(("value", "text"), [
+    (0, "0"), (1, "1"), (178257920, "178257920"), (1795498676.93033, "1795498676.93033"), (0.5, "0.5"),
+    (float("nan"), "NaN"), (float("inf"), "+Inf"), (float("-inf"), "-Inf"), (2.0 ** 60, repr(2.0 ** 60)),
+])
+def test_format_value(value: float, text: str) -> None:
+    assert sg.format_value(value) == text
+
+
+def test_the_gates_metrics_path_is_the_one_prometheus_scrapes() -> None:
+    from ansible_collections.llamafleet.cluster.plugins.module_utils import constants
+    assert sg.GATE_METRICS_PATH == constants.GATE_METRICS_PATH
+
+
+def test_main_start_reads_systemds_monotonic_start() -> None:
+    text = "MainPID=4321\nActiveState=active\nExecMainStartTimestampMonotonic=5123456789\n"
+    assert sg.parse_systemctl_show(text) == ("active", 4321)
+    assert sg.main_start(text) == pytest.approx(5123.456789)
+    assert sg.main_start("MainPID=0\nExecMainStartTimestampMonotonic=0\n") is None
+    assert sg.main_start("MainPID=0\n") is None
+    assert "ExecMainStartTimestampMonotonic" in sg.systemctl_show_argv("llama-server.service")
+
+
+def test_track_load_times_each_process_from_its_start_to_its_first_health_200() -> None:
+    clock = sg.LoadClock()
+    # systemd started pid 100 at monotonic 50; the gate sees it starting, loading, then ready at 62.5
+    clock = sg.track_load(clock, 100, 50.0, "refused", 51.0, 1000.0)
+    clock = sg.track_load(clock, 100, 50.0, 503, 55.0, 1004.0)
+    assert (clock.pid, clock.ready, clock.last_seconds, clock.loads) == (100, False, None, 0)
+    clock = sg.track_load(clock, 100, 50.0, 200, 62.5, 1011.5)
+    assert (clock.ready, clock.last_seconds, clock.ready_at, clock.loads) == (True, 12.5, 1011.5, 1)
+    # later polls of the same process change nothing (a /health blip is no new load)
+    assert sg.track_load(clock, 100, 50.0, 503, 70.0, 1019.0) == clock
+    assert sg.track_load(clock, 100, 50.0, 200, 80.0, 1029.0) == clock
+    # stopped: the last load is kept; a restart, even with the same pid number, is a new load
+    stopped = sg.track_load(clock, 0, None, None, 90.0, 1039.0)
+    assert (stopped.pid, stopped.last_seconds, stopped.loads) == (0, 12.5, 1)
+    again = sg.track_load(sg.track_load(stopped, 100, 95.0, 503, 96.0, 1045.0), 100, 95.0, 200, 99.0, 1048.0)
+    assert (again.last_seconds, again.ready_at, again.loads) == (4.0, 1048.0, 2)
+    # systemd's start unknown: the load is timed from the first poll that saw the process
+    unknown = sg.track_load(sg.track_load(sg.LoadClock(), 7, None, 503, 10.0, 0.0), 7, None, 200, 13.0, 3.0)
+    assert unknown.last_seconds == 3.0
+
+
+def test_gate_metrics_exposition() -> None:
+    load = sg.LoadClock(pid=9, started=1.0, ready=True, last_seconds=8.12345, ready_at=1795500000.5, loads=2)
+    text = sg.render_exposition(sg.GATE_METRICS, sg.gate_samples(
+        LOADING, 1795500100.0, {"requests": 7, "rejected_503": 2, "aborted": 1}, 3, 1, False, load))
+    values = sg.parse_metrics(text)
+    assert values == {
+        'llamafleet_gate_state{state="down"}': 0, 'llamafleet_gate_state{state="loading"}': 1,
+        'llamafleet_gate_state{state="serving"}': 0, "llamafleet_gate_state_since_seconds": 1795500100.0,
+        "llamafleet_gate_requests_total": 7, "llamafleet_gate_rejected_total": 2, "llamafleet_gate_aborted_total": 1,
+        "llamafleet_gate_in_flight": 3, "llamafleet_gate_restarts_total": 1, "llamafleet_gate_degraded": 0,
+        "llamafleet_llama_server_load_seconds": 8.123, "llamafleet_llama_server_ready_since_seconds": 1795500000.5,
+        "llamafleet_llama_server_loads_total": 2}
+    assert "# TYPE llamafleet_gate_restarts_total counter\n" in text
+    assert "# TYPE llamafleet_llama_server_load_seconds gauge\n" in text
+    # no load seen yet, degraded mode off: those series are absent rather than made up
+    bare = sg.parse_metrics(sg.render_exposition(sg.GATE_METRICS, sg.gate_samples(
+        DOWN, 0.0, {}, 0, 0, None, sg.LoadClock())))
+    assert "llamafleet_llama_server_load_seconds" not in bare and "llamafleet_gate_degraded" not in bare
+    assert bare["llamafleet_llama_server_loads_total"] == 0
+    with pytest.raises(ValueError, match="unknown metric.*nope"):
+        sg.render_exposition(sg.GATE_METRICS, [("nope", {}, 1)])
+
+
+def test_render_exposition_escapes_labels_and_help() -> None:
+    text = sg.render_exposition({"m": ("gauge", "a \\ b\nc")}, [("m", {"k": 'x"y\\z\nw'}, 1.5)])
+    assert text == '# HELP m a \\\\ b\\nc\n# TYPE m gauge\nm{k="x\\"y\\\\z\\nw"} 1.5\n'
+
+
+@pytest.mark.parametrize(("headers", "key", "ok"), [
+    (b"", None, True), (b"", "", True), (b"Authorization: Bearer s3cret\r\n", "s3cret", True),
+    (b"authorization: Bearer  s3cret \r\n", "s3cret", False), (b"", "s3cret", False),
+    (b"Authorization: Bearer s3cre\r\n", "s3cret", False), (b"Authorization: Basic s3cret\r\n", "s3cret", False),
+    (b"Authorization: Bearer wrong\r\nAuthorization: Bearer s3cret\r\n", "s3cret", True),
+])
+def test_bearer_ok(headers: bytes, key: str | None, ok: bool) -> None:
+    assert sg.bearer_ok(sg.parse_request_head(b"GET /llamafleet/metrics HTTP/1.1\r\n" + headers + b"\r\n"), key) is ok
+
+
 def test_admission_and_retry_after() -> None:
     health = sg.parse_request_head(b"GET /health HTTP/1.1\r\n\r\n")
     chat = sg.parse_request_head(b"POST /v1/chat/completions HTTP/1.1\r\n\r\n")
@@ -743,6 +824,30 @@ def test_down_answers_503_at_once_and_health_says_why() -> None:
             assert body == {"error": {"code": 503, "type": "unavailable_error", "message":
                                       "llamafleet: worker lab3 (10.77.0.13:50052) stopped acknowledging"}}
         assert upstream.heads == [] and gate.counters["rejected_503"] == 3
+
+    _run(scenario)
+
+
+def test_the_gate_answers_its_own_metrics_in_every_state_with_the_key() -> None:
+    async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
+        gate.metrics_key = lambda: "s3cret"
+        gate.metrics_text = lambda: sg.render_exposition(sg.GATE_METRICS, sg.gate_samples(
+            gate.state, gate.since, gate.counters, gate.in_flight, 0, None, sg.LoadClock()))
+        gate.set_state(DOWN, "worker lab3 is gone")
+        ask = b"GET /llamafleet/metrics HTTP/1.1\r\nHost: gate\r\n%s\r\n"
+        data = await _exchange(gate, ask % b"Authorization: Bearer s3cret\r\n")
+        head, body = data.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"Content-Type: text/plain; version=0.0.4" in head
+        values = sg.parse_metrics(body.decode())
+        assert values['llamafleet_gate_state{state="down"}'] == 1 and values["llamafleet_gate_requests_total"] == 0
+        status, _headers, error = _json_answer(await _exchange(gate, ask % b""))
+        assert (status, error["error"]["type"]) == (401, "authentication_error")
+        status, _headers, _error = _json_answer(await _exchange(gate, ask % b"Authorization: Bearer nope\r\n"))
+        assert status == 401
+        head = await _exchange(gate, b"HEAD /llamafleet/metrics HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n") and head.endswith(b"\r\n\r\n")
+        # never relayed to llama-server, never counted as a client request
+        assert upstream.heads == [] and gate.counters == {"requests": 0, "rejected_503": 0, "aborted": 0}
 
     _run(scenario)
 
