@@ -28,6 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--hosts", type=int, default=3, metavar="N", help=f"number of hosts, 1..{MAX_HOSTS} (default 3)")
     up.add_argument("--inventory-dir", type=Path, metavar="DIR",
                     help="where to write hosts.ini and group_vars (default: inventories/lab in the repository)")
+    up.add_argument("--vulkan", action="append", default=[], metavar="HOST",
+                    help="make HOST (e.g. lab3) a Vulkan host: Debian 13 with Mesa's software Vulkan device "
+                         "(lavapipe), in the group llamafleet_backend_vulkan; repeatable")
     up.set_defaults(func=_up)
 
     down = sub.add_parser("down", help="remove every lab host, the bridge, the daemons and the inventory",
@@ -53,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    Lab(args.hosts, inventory_dir=args.inventory_dir).up()
+    Lab(args.hosts, kinds={name: "vulkan" for name in args.vulkan}, inventory_dir=args.inventory_dir).up()
     return 0
 
 

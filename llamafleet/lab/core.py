@@ -14,7 +14,7 @@ import shlex
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -22,8 +22,8 @@ from pathlib import Path
 
 from . import artifacts
 from .daemon import DaemonSpec, DaemonStatus, daemon_status, ensure_daemon, port_open, stop_daemon
-from .image import (OVERLAY_SOURCE, BaseImage, HostRoot, detect_mirror, ensure_base_image, provision_host,
-                    prune_images)
+from .image import (DEFAULT_KIND, HOST_KINDS, OVERLAY_SOURCE, BaseImage, HostRoot, detect_mirror, ensure_base_image,
+                    image_key, provision_host, prune_images)
 from .inventory import remove_inventory, render_known_hosts, write_inventory
 from .machines import (CGROUP_PARENT, Machine, console_tail, container_inits, find_machines, kill_orphaned_containers,
                        remove_cgroups, start_machine, stop_machines, systemd_cgroup_roots)
@@ -45,6 +45,18 @@ Progress = Callable[[str], None]
 
 
 # --------------------------------------------------------------------------- SSH
+
+
+def host_kinds(hosts: Sequence[LabHost], kinds: Mapping[str, str]) -> dict[str, str]:
+    """Each host's kind (:data:`~llamafleet.lab.image.HOST_KINDS`): ``kinds`` names the hosts that are not
+    ``cpu``. A name outside ``hosts`` or an unknown kind is a LabError naming it."""
+    names = [h.name for h in hosts]
+    for name, kind in kinds.items():
+        if name not in names:
+            raise LabError(f"{name} is not a host of this lab ({', '.join(names)}): it cannot be a {kind} host")
+        if kind not in HOST_KINDS:
+            raise LabError(f"{name}: unknown host kind {kind!r} (known: {', '.join(sorted(HOST_KINDS))})")
+    return {name: kinds.get(name, DEFAULT_KIND) for name in names}
 
 
 def resolve_host(host: str | LabHost) -> LabHost:
@@ -192,9 +204,10 @@ class Lab:
     (pass ``None`` for silence).
     """
 
-    def __init__(self, hosts: int = 3, *, paths: LabPaths | None = None, inventory_dir: Path | None = None,
-                 progress: Progress | None = print) -> None:
+    def __init__(self, hosts: int = 3, *, kinds: Mapping[str, str] | None = None, paths: LabPaths | None = None,
+                 inventory_dir: Path | None = None, progress: Progress | None = print) -> None:
         self.hosts: list[LabHost] = lab_hosts(hosts)
+        self.kinds = host_kinds(self.hosts, kinds or {})
         self.paths = paths or LabPaths.default()
         if not inventory_dir:
             require_checkout("the lab's default inventory (inventories/lab; --inventory-dir DIR names another)")
@@ -305,7 +318,10 @@ class Lab:
         for artifact in (artifacts.LLAMA_CPP_SOURCE, artifacts.MODEL):
             artifacts.ensure_artifact(artifact, paths.root, self._say)
         mirror = detect_mirror()
-        image = ensure_base_image(paths.images_dir, mirror, progress=self._say)
+        images = {name: ensure_base_image(paths.images_dir, mirror, suite=HOST_KINDS[name].suite,
+                                          packages=HOST_KINDS[name].packages, progress=self._say)
+                  for name in sorted(set(self.kinds.values()))}
+        image_of = {h.name: images[self.kinds[h.name]] for h in self.hosts}
         public_key = ensure_ssh_key(paths)
 
         if ensure_bridge():
@@ -338,30 +354,36 @@ class Lab:
 
         with ThreadPoolExecutor(max_workers=len(self.hosts)) as pool:
             healthy = dict(zip(self.hosts, pool.map(
-                lambda h: self._is_healthy(h, machines.get(h.name, []), state_hosts.get(h.name), image), self.hosts)))
+                lambda h: self._is_healthy(h, machines.get(h.name, []), state_hosts.get(h.name), image_of[h.name]),
+                self.hosts)))
         to_create = [h for h in self.hosts if not healthy[h]]
         for host in to_create:
             state_hosts.pop(host.name, None)
             undo.push(f"host {host.name}", partial(self._remove_host, host.name))
 
         def create(host: LabHost) -> None:
-            state_hosts[host.name] = self._create_host(host, image, public_key)
+            state_hosts[host.name] = dict(self._create_host(host, image_of[host.name], public_key),
+                                          kind=self.kinds[host.name])
 
         if to_create:
             self._run_per_host(to_create, create)
 
-        state = {"version": STATE_VERSION, "image": image.key, "inventory_dir": str(self.inventory_dir),
-                 "hosts": {h.name: state_hosts[h.name] for h in self.hosts}}
+        state = {"version": STATE_VERSION, "images": {name: image.key for name, image in images.items()},
+                 "inventory_dir": str(self.inventory_dir), "hosts": {h.name: state_hosts[h.name] for h in self.hosts}}
         self._write_known_hosts(state["hosts"])
         self._save_state(state)
-        write_inventory(self.inventory_dir, self.hosts, paths.ssh_key, paths.known_hosts)
-        for key in prune_images(paths.images_dir, keep=image.key):
+        write_inventory(self.inventory_dir, self.hosts, paths.ssh_key, paths.known_hosts,
+                        backends={name: HOST_KINDS[kind].backend for name, kind in self.kinds.items()})
+        # every kind's current image stays (a lab of another mix reuses it); older ones go
+        current = [image_key(kind.suite, kind.packages, mirror) for kind in HOST_KINDS.values()]
+        for key in prune_images(paths.images_dir, keep=current):
             self._say(f"==> removed base image {key}, which nothing uses any more")
         took = time.monotonic() - started
         if to_create:
             roles = ["orchestrator"] + ["worker"] * (len(self.hosts) - 1)
             self._say(f"==> lab is up ({took:.1f} s): " + ", ".join(
-                f"{h.name} {h.address} ({r})" for h, r in zip(self.hosts, roles)))
+                f"{h.name} {h.address} ({r}{'' if self.kinds[h.name] == DEFAULT_KIND else ', ' + self.kinds[h.name]})"
+                for h, r in zip(self.hosts, roles)))
         else:
             self._say(f"==> lab already up ({len(self.hosts)} hosts, checked in {took:.1f} s)")
         self._say(f"    inventory: {self.inventory}")

@@ -35,6 +35,31 @@ IMAGE_PACKAGES: tuple[str, ...] = (
     "rsync", "gcc", "g++", "make", "cmake", "git", "ccache", "libgomp1", "pkg-config",
 )
 
+# What a Vulkan host has installed besides: the Vulkan loader, Mesa's drivers (lavapipe, a software Vulkan device
+# on the CPU, needs no /dev/dri) and vulkaninfo, as a host with a GPU has its driver. The build packages (headers,
+# glslc) are the llamacpp_build role's to install.
+VULKAN_PACKAGES: tuple[str, ...] = ("libvulkan1", "mesa-vulkan-drivers", "vulkan-tools")
+
+
+@dataclass(frozen=True)
+class HostKind:
+    """A kind of lab host: the Debian suite it boots, what its image has installed, the llama.cpp backend the
+    inventory gives it (``llamacpp_build_backend``)."""
+
+    name: str
+    suite: str
+    packages: tuple[str, ...]
+    backend: str
+
+
+# cpu: Debian 12, like the machine. vulkan: Debian 13, whose Vulkan headers (1.4.309) and glslc build llama.cpp's
+# Vulkan backend (Debian 12's 1.3.239 are too old), with lavapipe as its device.
+HOST_KINDS: dict[str, HostKind] = {
+    "cpu": HostKind("cpu", SUITE, IMAGE_PACKAGES, "cpu"),
+    "vulkan": HostKind("vulkan", "trixie", IMAGE_PACKAGES + VULKAN_PACKAGES, "vulkan"),
+}
+DEFAULT_KIND = "cpu"
+
 # Bump when the image customisation below changes: it is part of the cache key.
 IMAGE_LAYOUT_VERSION = 3
 
@@ -291,15 +316,16 @@ def ensure_base_image(
     return image
 
 
-def prune_images(images_dir: Path, keep: str) -> list[str]:
-    """Delete cached base images other than ``keep`` that no host overlay uses; return their keys."""
+def prune_images(images_dir: Path, keep: Iterable[str]) -> list[str]:
+    """Delete cached base images other than those in ``keep`` that no host overlay uses; return their keys."""
+    keep = set(keep)
     if not images_dir.is_dir():
         return []
     in_use = {str(Path(lower).parent.name) for m in current_mounts() if m.source == OVERLAY_SOURCE
               for lower in (m.option("lowerdir") or "").split(":") if lower}
     removed = []
     for entry in sorted(images_dir.iterdir()):
-        if entry.is_dir() and entry.name != keep and entry.name not in in_use:
+        if entry.is_dir() and entry.name not in keep and entry.name not in in_use:
             remove_tree(entry)
             removed.append(entry.name)
     return removed

@@ -57,16 +57,36 @@ def lab_group_vars(mirror_base: str = MIRROR_URL, proxy_url: str = PROXY_URL) ->
     }
 
 
+def backend_group_vars(backend: str) -> dict[str, Any]:
+    """The variables of the group ``llamafleet_backend_<backend>`` (the lab's hosts of that backend)."""
+    values: dict[str, Any] = {"llamacpp_build_backend": backend}
+    if backend == "vulkan":
+        # lavapipe is a CPU-type Vulkan device, which llama.cpp's Vulkan backend skips unless it is named
+        # (a GPU would not need this); and a memory cap as the CPU workers have.
+        values["rpc_server_environment"] = {"GGML_VK_VISIBLE_DEVICES": "0"}
+        values["rpc_server_device_overrides"] = [{"match": "vulkan", "max_mib": 4096}]
+    return values
+
+
+# The backends a lab host can have besides cpu (image.HOST_KINDS), each with its group_vars file.
+LAB_BACKENDS = ("vulkan",)
+
+
 def render_group_vars(values: Mapping[str, Any]) -> str:
     """YAML for a group_vars file, with the lab's header comment."""
     body = yaml.safe_dump(dict(values), sort_keys=False, default_flow_style=False, width=1000)
     return f"---\n# {HEADER}\n{body}"
 
 
-def render_hosts_ini(hosts: Sequence[LabHost], ssh_key: Path, known_hosts: Path) -> str:
-    """The INI inventory of ``hosts``: the first is the orchestrator, the rest are workers."""
+def render_hosts_ini(hosts: Sequence[LabHost], ssh_key: Path, known_hosts: Path,
+                     backends: Mapping[str, str] | None = None) -> str:
+    """The INI inventory of ``hosts``: the first is the orchestrator, the rest are workers. A host whose backend
+    (``backends``: name -> backend) is not ``cpu`` is in the group ``llamafleet_backend_<backend>``."""
     if not hosts:
         raise ValueError("an inventory needs at least one host")
+
+    def _backend(host: LabHost) -> str:
+        return (backends or {}).get(host.name, "cpu")
 
     def line(host: LabHost) -> str:
         return f"{host.name} ansible_host={host.address} llamafleet_cluster_address={host.address}"
@@ -83,6 +103,8 @@ def render_hosts_ini(hosts: Sequence[LabHost], ssh_key: Path, known_hosts: Path)
         f"# {HEADER}",
         f"[{constants.GROUP_ORCHESTRATOR}]\n{line(hosts[0])}",
         f"[{constants.GROUP_WORKERS}]\n" + "".join(line(h) + "\n" for h in hosts[1:]).rstrip("\n"),
+        *(f"[{constants.GROUP_BACKEND_PREFIX}{backend}]\n" + "\n".join(h.name for h in hosts if _backend(h) == backend)
+          for backend in sorted({_backend(h) for h in hosts} - {"cpu"})),
         f"[{constants.GROUP_FLEET}:children]\n{constants.GROUP_ORCHESTRATOR}\n{constants.GROUP_WORKERS}",
         "\n".join([
             f"[{constants.GROUP_FLEET}:vars]",
@@ -107,30 +129,52 @@ def render_known_hosts(host_keys: Mapping[str, Mapping[str, str]], hosts: Sequen
     return "\n".join(lines) + "\n"
 
 
-def inventory_files(inventory_dir: Path) -> tuple[Path, Path]:
-    """The two files the lab writes in ``inventory_dir``: hosts.ini and group_vars/all/lab.yml."""
-    return inventory_dir / "hosts.ini", inventory_dir / "group_vars" / "all" / "lab.yml"
+def backend_vars_file(inventory_dir: Path, backend: str) -> Path:
+    """The group_vars file of the lab's ``backend`` hosts."""
+    return inventory_dir / "group_vars" / f"{constants.GROUP_BACKEND_PREFIX}{backend}" / "lab.yml"
 
 
-def write_inventory(inventory_dir: Path, hosts: Sequence[LabHost], ssh_key: Path, known_hosts: Path) -> Path:
-    """Write hosts.ini and group_vars/all/lab.yml; return the hosts.ini path."""
-    hosts_ini, group_vars = inventory_files(inventory_dir)
-    write_atomic(hosts_ini, render_hosts_ini(hosts, ssh_key, known_hosts))
+def inventory_files(inventory_dir: Path) -> tuple[Path, ...]:
+    """The files the lab may write in ``inventory_dir``: hosts.ini, group_vars/all/lab.yml and each backend
+    group's group_vars file."""
+    return (inventory_dir / "hosts.ini", inventory_dir / "group_vars" / "all" / "lab.yml",
+            *(backend_vars_file(inventory_dir, backend) for backend in LAB_BACKENDS))
+
+
+def write_inventory(inventory_dir: Path, hosts: Sequence[LabHost], ssh_key: Path, known_hosts: Path,
+                    backends: Mapping[str, str] | None = None) -> Path:
+    """Write hosts.ini, group_vars/all/lab.yml and the group_vars of the backends some host has (removing those
+    of backends no host has now); return the hosts.ini path."""
+    hosts_ini, group_vars = inventory_files(inventory_dir)[:2]
+    write_atomic(hosts_ini, render_hosts_ini(hosts, ssh_key, known_hosts, backends))
     write_atomic(group_vars, render_group_vars(lab_group_vars()))
+    used = set((backends or {}).values())
+    for backend in LAB_BACKENDS:
+        path = backend_vars_file(inventory_dir, backend)
+        if backend in used:
+            write_atomic(path, render_group_vars(backend_group_vars(backend)))
+        else:
+            _remove_lab_file(path)
     return hosts_ini
+
+
+def _remove_lab_file(path: Path) -> bool:
+    """Remove ``path`` if it carries the lab's header (and its directory, left empty); True when removed."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return False
+    if HEADER not in text:
+        return False
+    path.unlink()
+    if path.parent.name.startswith(constants.GROUP_BACKEND_PREFIX) and not any(path.parent.iterdir()):
+        path.parent.rmdir()
+    return True
 
 
 def remove_inventory(inventory_dir: Path) -> list[Path]:
     """Remove the files :func:`write_inventory` wrote (only if they carry the lab's header)."""
-    removed = []
-    for path in inventory_files(inventory_dir):
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            continue
-        if HEADER in text:
-            path.unlink()
-            removed.append(path)
+    removed = [path for path in inventory_files(inventory_dir) if _remove_lab_file(path)]
     # deploy.yml's record of the lab's last deploy (playbooks/_fleet_changes.yml): the hosts it lists are gone
     record = inventory_dir / ".llamafleet" / "deployment.json"
     if record.exists():

@@ -34,13 +34,14 @@ def rpc_server_argv(llamacpp, host, port, threads=0, devices=None, cache=True):
         raise AnsibleFilterError("rpc_server_argv: %s" % exc) from exc
 
 
-def rpc_server_unit(argv, llamacpp, port, user, home, firewall=True, header=""):
+def rpc_server_unit(argv, llamacpp, port, user, home, firewall=True, header="", environment=None):
     """The systemd unit text of one rpc-server running ``argv`` (from ``rpc_server_argv``) of the
-    ``llamacpp_build_info`` build, with that build's backend's device policy."""
+    ``llamacpp_build_info`` build, with that build's backend's device policy and ``environment``."""
     try:
         return render_rpc_server_unit([str(a) for a in argv], backend=llamacpp["backend"], port=int(port),
                                       user=str(user), home=str(home), build_id=llamacpp.get("build_id"),
-                                      firewall=bool(firewall), header=str(header))
+                                      firewall=bool(firewall), header=str(header),
+                                      environment={str(k): str(v) for k, v in (environment or {}).items()})
     except (KeyError, TypeError, ValueError) as exc:
         raise AnsibleFilterError("rpc_server_unit: %s" % exc) from exc
 

@@ -271,19 +271,23 @@ def render_plan_switch_units(python: str = "/usr/bin/python3", script: str = GAT
 
 def render_rpc_server_unit(argv: Sequence[str], backend: str, port: int, user: str = RPC_SERVER_USER,
                            home: str = RPC_SERVER_HOME, build_id: str | None = None, firewall: bool = True,
-                           header: str = "") -> str:
+                           header: str = "", environment: Mapping[str, str] | None = None) -> str:
     """The unit of one rpc-server (``argv`` from ``llama_flags.render_rpc_server_argv``).
 
     rpc-server writes only its weight cache, ``$LLAMA_CACHE/rpc`` under
     ``home``; it restarts always (it exits when a client's computation fails);
-    with ``firewall`` it needs the worker firewall unit up first.
+    with ``firewall`` it needs the worker firewall unit up first. ``environment``
+    adds variables (e.g. ``GGML_VK_VISIBLE_DEVICES``); ``LLAMA_CACHE`` is the unit's own.
     """
+    if "LLAMA_CACHE" in (environment or {}):
+        raise UnitError("LLAMA_CACHE is set by the unit (the weight cache under the service's home): "
+                        "leave it out of the environment")
     firewall_units = [RPC_FIREWALL_UNIT] if firewall else []
     comments = ["llama.cpp build %s (%s)" % (build_id, backend)] if build_id else []
     return render_systemd_unit(
         argv, header=header, comments=comments,
         description="llama.cpp RPC worker for the llamafleet cluster (port %d)" % int(port),
-        user=user, environment={"LLAMA_CACHE": "%s/%s" % (home.rstrip("/"), RPC_CACHE_SUBDIR)},
+        user=user, environment=dict(environment or {}, LLAMA_CACHE="%s/%s" % (home.rstrip("/"), RPC_CACHE_SUBDIR)),
         read_write_paths=[home], after=["network-online.target"] + firewall_units, requires=firewall_units,
         restart="always", restart_sec=2, backend=backend)
 

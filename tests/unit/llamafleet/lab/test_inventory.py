@@ -96,6 +96,37 @@ def test_write_then_remove_inventory(tmp_path: Path) -> None:
     assert not hosts_ini.exists() and not group_vars.exists()
 
 
+def test_a_vulkan_host_gets_its_backend_group_and_vars(tmp_path: Path) -> None:
+    hosts = lab_hosts(3)
+    ini = _ini(render_hosts_ini(hosts, KEY, KNOWN, {"lab3": "vulkan", "lab1": "cpu"}))
+    assert list(ini["llamafleet_backend_vulkan"]) == ["lab3"]
+    assert not [section for section in ini.sections() if section.startswith("llamafleet_backend_cpu")]
+    write_inventory(tmp_path, hosts, KEY, KNOWN, {"lab3": "vulkan"})
+    vulkan = tmp_path / "group_vars" / "llamafleet_backend_vulkan" / "lab.yml"
+    values = yaml.safe_load(vulkan.read_text())
+    assert values["llamacpp_build_backend"] == "vulkan"
+    assert values["rpc_server_environment"] == {"GGML_VK_VISIBLE_DEVICES": "0"}
+    # the same lab without a Vulkan host: its group vars go, with their folder
+    write_inventory(tmp_path, hosts, KEY, KNOWN)
+    assert not vulkan.parent.exists()
+    assert "llamafleet_backend_vulkan" not in (tmp_path / "hosts.ini").read_text()
+    write_inventory(tmp_path, hosts, KEY, KNOWN, {"lab3": "vulkan"})
+    assert vulkan in remove_inventory(tmp_path) and not vulkan.parent.exists()
+
+
+def test_host_kinds() -> None:
+    from llamafleet.lab.core import host_kinds
+    from llamafleet.lab.image import HOST_KINDS
+    from llamafleet.lab.system import LabError
+    assert host_kinds(lab_hosts(3), {"lab3": "vulkan"}) == {"lab1": "cpu", "lab2": "cpu", "lab3": "vulkan"}
+    assert (HOST_KINDS["vulkan"].suite, HOST_KINDS["cpu"].suite) == ("trixie", "bookworm")
+    assert {"mesa-vulkan-drivers", "libvulkan1", "vulkan-tools"} <= set(HOST_KINDS["vulkan"].packages)
+    with pytest.raises(LabError, match="lab4 is not a host of this lab"):
+        host_kinds(lab_hosts(3), {"lab4": "vulkan"})
+    with pytest.raises(LabError, match="lab2: unknown host kind 'cuda'"):
+        host_kinds(lab_hosts(3), {"lab2": "cuda"})
+
+
 def test_remove_inventory_leaves_files_it_did_not_write(tmp_path: Path) -> None:
     mine = tmp_path / "hosts.ini"
     mine.write_text("[web]\nweb1\n")

@@ -207,6 +207,16 @@ def test_rpc_server_cpu_unit_is_the_one_the_template_rendered() -> None:
                                      "# llama.cpp build b1-cpu (cpu)"]
 
 
+def test_rpc_server_environment_adds_to_the_cache_variable() -> None:
+    unit = render_rpc_server_unit(RPC_ARGV, "vulkan", 50052, environment={"GGML_VK_VISIBLE_DEVICES": "0,1"})
+    env = [value for section, key, value in directives(unit) if (section, key) == ("Service", "Environment")]
+    assert sorted(env) == ['"GGML_VK_VISIBLE_DEVICES=0,1"', '"LLAMA_CACHE=/var/lib/llamafleet-rpc/cache"']
+    with pytest.raises(UnitError, match="LLAMA_CACHE is set by the unit"):
+        render_rpc_server_unit(RPC_ARGV, "vulkan", 50052, environment={"LLAMA_CACHE": "/tmp"})
+    with pytest.raises(UnitError, match="not valid"):
+        render_rpc_server_unit(RPC_ARGV, "vulkan", 50052, environment={"BAD NAME": "1"})
+
+
 def test_rpc_server_without_firewall_does_not_require_it() -> None:
     found = directives(rpc_unit("cpu", firewall=False))
     assert ("Unit", "After", "network-online.target") in found
