@@ -404,7 +404,7 @@ class Lab:
         self._remove_host(host.name)
         hroot = self._host_root(host.name)
         hroot.mount(image)
-        keys = provision_host(hroot.root, host, self.hosts, public_key, PROXY_URL)
+        keys = provision_host(hroot.root, host, self.hosts, public_key, PROXY_URL, kind=self.kinds[host.name])
         entry = {"address": host.address, "image": image.key, "host_keys": keys}
         # Known before the host answers, so the readiness check already verifies its key.
         self._write_known_hosts({host.name: entry}, merge=True)

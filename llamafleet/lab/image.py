@@ -417,15 +417,28 @@ NET_SYSCTL_UNIT_TEXT = (
 )
 
 
+# A second Vulkan driver manifest for lavapipe on a Vulkan host, outside the loader's search path: with
+# VK_DRIVER_FILES naming both it and Mesa's own (LAVAPIPE_ICD), the loader lists two devices, as on a host with two
+# GPUs (the multi-device shapes of rpc-server are tested so). Without that variable nothing changes.
+LAVAPIPE_ICD = "/usr/share/vulkan/icd.d/lvp_icd.json"
+SECOND_LAVAPIPE_ICD = "/etc/llamafleet-lab/lvp_icd.second.json"
+
+
 def provision_host(
-    root: Path, host: LabHost, all_hosts: Sequence[LabHost], authorized_key: str, proxy_url: str
+    root: Path, host: LabHost, all_hosts: Sequence[LabHost], authorized_key: str, proxy_url: str,
+    kind: str = DEFAULT_KIND,
 ) -> dict[str, str]:
     """Give a freshly mounted host root its identity; return its SSH public host keys by type.
 
     Identity means: hostname, machine id, SSH host keys, address, /etc/hosts,
     root's authorized key, and the apt proxy; and the network sysctl defaults (NET_SYSCTL_UNIT).
+    A ``vulkan`` host also gets :data:`SECOND_LAVAPIPE_ICD`.
     """
     etc = root / "etc"
+    if kind == "vulkan":
+        second = root / SECOND_LAVAPIPE_ICD.lstrip("/")
+        second.parent.mkdir(parents=True, exist_ok=True)
+        second.write_bytes((root / LAVAPIPE_ICD.lstrip("/")).read_bytes())
     units = etc / "systemd" / "system"
     (units / "sysinit.target.wants").mkdir(parents=True, exist_ok=True)
     (units / NET_SYSCTL_UNIT).write_text(NET_SYSCTL_UNIT_TEXT, encoding="ascii")
