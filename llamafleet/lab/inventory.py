@@ -63,8 +63,9 @@ def backend_group_vars(backend: str) -> dict[str, Any]:
     if backend == "vulkan":
         # lavapipe is a CPU-type Vulkan device, which llama.cpp's Vulkan backend skips unless it is named
         # (a GPU would not need this); and a memory cap as the CPU workers have.
-        values["rpc_server_environment"] = {"GGML_VK_VISIBLE_DEVICES": "0"}
-        values["rpc_server_device_overrides"] = [{"match": "vulkan", "max_mib": 4096}]
+        for role in ("rpc_server", "llama_server"):
+            values[f"{role}_environment"] = {"GGML_VK_VISIBLE_DEVICES": "0"}
+            values[f"{role}_device_overrides"] = [{"match": "vulkan", "max_mib": 4096}]
     return values
 
 

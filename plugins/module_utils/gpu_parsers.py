@@ -226,20 +226,49 @@ def _vulkan_gpus(text: str) -> list[dict[str, str]]:
     return gpus
 
 
-def parse_vulkaninfo_summary(text: str) -> list[dict[str, Any]]:
+def parse_vk_visible_devices(value: str | None) -> list[int] | None:
+    """``GGML_VK_VISIBLE_DEVICES`` (comma-separated Vulkan device indices) as llama.cpp reads it; None when unset
+    or empty. Anything else is a ParseError naming the variable."""
+    if value is None or not value.strip():
+        return None
+    try:
+        return [int(item) for item in value.split(",")]
+    except ValueError:
+        raise ParseError("GGML_VK_VISIBLE_DEVICES=%r: expected comma-separated Vulkan device indices such as 0,1"
+                         % value) from None
+
+
+def parse_vulkaninfo_summary(text: str, visible: list[int] | None = None) -> list[dict[str, Any]]:
     """Parse ``vulkaninfo --summary`` into the devices llama.cpp's Vulkan backend would use.
 
-    ggml-vulkan uses only ``PHYSICAL_DEVICE_TYPE_DISCRETE_GPU`` and
+    By default ggml-vulkan uses only ``PHYSICAL_DEVICE_TYPE_DISCRETE_GPU`` and
     ``..._INTEGRATED_GPU`` devices (CPU implementations such as llvmpipe are
     skipped) and drops a second driver for the same ``deviceUUID``; it numbers
     the ones it keeps ``Vulkan0``, ``Vulkan1`` ... in enumeration order, which
     is what ``index`` is here (``vk_index`` keeps vulkaninfo's own number).
+    With ``visible`` (``GGML_VK_VISIBLE_DEVICES``, see :func:`parse_vk_visible_devices`)
+    it uses exactly those vulkaninfo indices, in that order, whatever their type.
     The summary has no memory figures: ``total_mib``/``free_mib`` are None;
     see :func:`parse_vulkaninfo_heaps` for the full output.
     """
     devices: list[dict[str, Any]] = []
+    gpus = _vulkan_gpus(text)
+    if visible is not None:
+        by_index = {int(gpu["_vk_index"]): gpu for gpu in gpus}
+        missing = [index for index in visible if index not in by_index]
+        if missing:
+            raise ParseError("GGML_VK_VISIBLE_DEVICES names Vulkan device(s) %s, but vulkaninfo lists %s"
+                             % (", ".join(map(str, missing)), ", ".join(map(str, sorted(by_index))) or "none"))
+        for index in visible:
+            gpu = by_index[index]
+            dev_type = gpu.get("deviceType", "")
+            devices.append(new_device("vulkan", len(devices), gpu.get("deviceName", "Vulkan GPU"), None, None,
+                                      "vulkaninfo --summary (GGML_VK_VISIBLE_DEVICES)",
+                                      integrated=not dev_type.endswith("DISCRETE_GPU"), vk_index=index,
+                                      uuid=gpu.get("deviceUUID"), driver=gpu.get("driverName")))
+        return devices
     seen_uuids: set[str] = set()
-    for gpu in _vulkan_gpus(text):
+    for gpu in gpus:
         dev_type = gpu.get("deviceType", "")
         if dev_type not in ("PHYSICAL_DEVICE_TYPE_DISCRETE_GPU", "PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU"):
             continue

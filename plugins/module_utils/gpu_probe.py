@@ -13,7 +13,7 @@ Stdlib only: shared by the Ansible modules (module_utils) and the
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 from .gpu_devices import (
     GGML_PREFIX,
@@ -33,6 +33,7 @@ from .gpu_parsers import (
     parse_nvidia_smi_csv,
     parse_rocm_smi_json,
     parse_vulkaninfo_heaps,
+    parse_vk_visible_devices,
     parse_vulkaninfo_summary,
 )
 
@@ -95,7 +96,8 @@ class _Probe:
 
 
 def collect_devices(run: Runner, which: Which, read_text: ReadText,
-                    backends: Sequence[str] | None = None, rpc_server: str | None = None) -> dict[str, Any]:
+                    backends: Sequence[str] | None = None, rpc_server: str | None = None,
+                    environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Probe a host's devices with whatever tools it has.
 
     ``run(argv) -> (rc, stdout, stderr)`` runs a command, ``which(name)``
@@ -110,6 +112,9 @@ def collect_devices(run: Runner, which: Which, read_text: ReadText,
     of the devices and exit without binding a port; ``rpc_devices`` then
     follows exactly the devices that rpc-server serves (CPU figures from
     /proc/meminfo, which unlike llama.cpp's reports MemAvailable).
+
+    ``environ`` is the environment llama.cpp will run with: ``GGML_VK_VISIBLE_DEVICES`` there chooses the
+    Vulkan devices as llama.cpp does (CPU-type ones included).
 
     Returns ``{"devices", "rpc_devices", "backend", "tools", "warnings", "errors"}``.
     """
@@ -135,7 +140,8 @@ def collect_devices(run: Runner, which: Which, read_text: ReadText,
     if "vulkan" in wanted:
         summary = probe.tool("vulkaninfo", ["--summary"])
         if summary is not None:
-            found = probe.parse("vulkaninfo", parse_vulkaninfo_summary, summary)
+            visible = parse_vk_visible_devices((environ or {}).get("GGML_VK_VISIBLE_DEVICES"))
+            found = probe.parse("vulkaninfo", parse_vulkaninfo_summary, summary, visible)
             if found:
                 full = probe.tool("vulkaninfo", [], optional=True)
                 if full is not None:

@@ -27,6 +27,8 @@ modules and ``llamafleet.core.split_plan``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from typing import Any, Mapping, Sequence
 
@@ -197,6 +199,7 @@ def assemble_plan(workers: Sequence[Mapping[str, Any]], orchestrator: Mapping[st
     orchestrator_host = str(orchestrator.get("host")) if orchestrator and orchestrator.get("host") else None
     estimate = choice["estimates"].get(choice["policy"])
     return {
+        "identity": plan_identity(entries, rpc, counts, choice["policy"]),
         "rpc": rpc,
         "devices": entries,
         "device_names": [d["name"] for d in entries],
@@ -373,3 +376,18 @@ def _check_orchestrator_ram(orchestrator: Mapping[str, Any] | None, host_mib: fl
 
 def _mib(nbytes: float) -> float:
     return round(nbytes / MIB, 1)
+
+
+# What a plan is, without the figures that change from run to run (free memory, fill, estimates): the devices (name,
+# host, backend, endpoint, description, layers), the RPC endpoints, the split and the policy.
+IDENTITY_DEVICE_KEYS = ("name", "host", "backend", "endpoint", "description", "local", "layers")
+
+
+def plan_identity(entries: Sequence[Mapping[str, Any]], rpc: Sequence[str], counts: Sequence[int] | None,
+                  policy: str) -> str:
+    """A short hash of what the plan is (:data:`IDENTITY_DEVICE_KEYS` of each device, the RPC endpoints, the split,
+    the policy): equal for two runs that plan the same thing, whatever the memory readings. The deployed plan
+    file is rewritten when it changes, even when llama-server's unit does not (a worker that changed backend)."""
+    stable = {"devices": [{key: dev.get(key) for key in IDENTITY_DEVICE_KEYS} for dev in entries],
+              "rpc": list(rpc), "tensor_split": None if counts is None else list(counts), "policy": policy}
+    return hashlib.sha256(json.dumps(stable, sort_keys=True).encode("utf-8")).hexdigest()[:16]

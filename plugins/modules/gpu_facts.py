@@ -177,7 +177,7 @@ def run_module(module: AnsibleModule) -> dict:
         module.fail_json(msg="rpc_server %s is not an executable file" % params["rpc_server"])
     try:
         found = collect_devices(run, module.get_bin_path, read_text_file, backends=params["backends"],
-                                rpc_server=params["rpc_server"])
+                                rpc_server=params["rpc_server"], environ=os.environ)
         overrides = [{k: v for k, v in o.items() if v is not None} for o in params["overrides"]]
         devices = apply_overrides(found["devices"], overrides, params["cpu_reserve_mib"], require_match=False)
         rpc_devices = apply_overrides(found["rpc_devices"], overrides, params["cpu_reserve_mib"], require_match=False)

@@ -50,7 +50,7 @@ def mixed_fleet(mixed):
 
 
 def _host(fleet, name):
-    return next(h for h in fleet.hosts if h.name == name)
+    return fleet.hosts[name]
 
 
 def test_the_vulkan_host_is_debian_13_with_a_vulkan_device(mixed_fleet):
@@ -178,3 +178,28 @@ def test_back_to_one_device_leaves_no_stale_unit(mixed, mixed_fleet):
     plan = read_plan(mixed_fleet)
     assert [d["host"] for d in plan["devices"] if not d.get("local")] == ["lab2", VULKAN_HOST]
     assert compare_with_plan(plan, parse_load_log(server_log(mixed_fleet))) == []
+
+
+def test_an_orchestrator_with_a_local_vulkan_device_puts_it_after_the_rpc_devices(mixed):
+    """lab1 becomes a Vulkan host too: llama-server uses its own Vulkan0 beside the two workers. llama.cpp orders
+    the devices RPC first, then local: the plan's -ts follows that order, and the load log agrees."""
+    cli("lab", "up", "--hosts", "3", "--vulkan", "lab1", "--vulkan", VULKAN_HOST, timeout=1200)
+    run = playbook("deploy.yml", timeout=5400)
+    assert run.rc == 0, run.output[-8000:]
+    from llamafleet.fleet import Fleet
+    from tests.helpers import INVENTORY
+
+    fleet = Fleet.from_inventory(INVENTORY)
+    plan = read_plan(fleet)
+    names = [d["name"] for d in plan["devices"]]
+    assert names == ["RPC0", "RPC1", "Vulkan0"], plan["explanation"]
+    local = plan["devices"][-1]
+    assert local["local"] and local["host"] == "lab1" and local["backend"] == "vulkan", local
+    assert plan["device_names"] == names
+    parsed = parse_load_log(server_log(fleet))
+    assert compare_with_plan(plan, parsed) == [], parsed
+    assert all(layer_ranges(parsed).get(d["name"]) for d in plan["devices"] if d["layers"]["count"]), parsed
+    unit = fleet.run_one("systemctl cat llamafleet-llama-server.service", fleet.orchestrator)
+    assert "GGML_VK_VISIBLE_DEVICES=0" in unit, unit
+    answer = Endpoint.of(fleet).complete("The capital of France is", n_predict=8)
+    assert answer["timings"]["predicted_n"] == 8

@@ -15,6 +15,7 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_parsers imp
     parse_meminfo,
     parse_nvidia_smi_csv,
     parse_rocm_smi_json,
+    parse_vk_visible_devices,
     parse_vulkaninfo_heaps,
     parse_vulkaninfo_summary,
 )
@@ -133,6 +134,32 @@ def test_vulkaninfo_lavapipe_is_not_a_llamacpp_device(name: str) -> None:
     assert parse_vulkaninfo_summary(fixture(name)) == []
 
 
+def test_visible_devices_choose_as_llamacpp_does_cpu_type_and_twins_included() -> None:
+    # what the lab's Vulkan host runs with: rpc-server's own listing (recorded) agrees, Vulkan0 (and Vulkan1)
+    one = parse_vulkaninfo_summary(fixture("vulkaninfo_summary_1.4.304_lavapipe_debian13_real.txt"), [0])
+    assert [(d["ggml_name"] if "ggml_name" in d else None, d["index"], d["vk_index"], d["name"]) for d in one] == [
+        (None, 0, 0, LAVAPIPE_DEBIAN13)]
+    two = parse_vulkaninfo_summary(fixture("vulkaninfo_summary_1.4.304_lavapipe_two_icds_debian13_real.txt"), [0, 1])
+    assert [(d["index"], d["vk_index"]) for d in two] == [(0, 0), (1, 1)]
+    listed = parse_ggml_device_lines(fixture("rpc-server_v7.0.0_vulkan_lavapipe_two_icds_debian13_real.txt"))
+    assert [d["ggml_name"] for d in listed if d["backend"] == "vulkan"] == ["Vulkan0", "Vulkan1"]
+    # the order is the variable's
+    assert [d["vk_index"] for d in parse_vulkaninfo_summary(
+        fixture("vulkaninfo_summary_1.4.304_lavapipe_two_icds_debian13_real.txt"), [1, 0])] == [1, 0]
+    with pytest.raises(ParseError, match="names Vulkan device.s. 3, but vulkaninfo lists 0"):
+        parse_vulkaninfo_summary(fixture("vulkaninfo_summary_1.4.304_lavapipe_debian13_real.txt"), [3])
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, None), ("", None), ("0", [0]), ("0,1", [0, 1]), (" 1 ,0", [1, 0])])
+def test_parse_vk_visible_devices(value: str | None, expected: list[int] | None) -> None:
+    assert parse_vk_visible_devices(value) == expected
+
+
+def test_parse_vk_visible_devices_refuses_names() -> None:
+    with pytest.raises(ParseError, match="GGML_VK_VISIBLE_DEVICES='Vulkan0'"):
+        parse_vk_visible_devices("Vulkan0")
+
+
 def test_vulkaninfo_summary_debian13_fields() -> None:
     devices = parse_vulkaninfo_summary(as_integrated(fixture("vulkaninfo_summary_1.4.304_lavapipe_debian13_real.txt")))
     assert brief(devices) == [("vulkan", 0, LAVAPIPE_DEBIAN13, None, None, True)]
@@ -222,6 +249,13 @@ def test_meminfo_rejects_other_text() -> None:
      [("CUDA0", "cuda", "NVIDIA GeForce RTX 4090", 24080, 23604),
       ("CUDA1", "cuda", "NVIDIA GeForce RTX 3060", 11913, 11765)]),
     ("rpc-server_journal_cat_metal_reconstructed.txt", [("MTL0", "metal", "Apple M2 Pro", 21845, 21845)]),
+    # the lab's Vulkan host: lavapipe once it is named, skipped (only the CPU) when not, twice with two manifests
+    ("rpc-server_v7.0.0_vulkan_lavapipe_debian13_real.txt",
+     [("Vulkan0", "vulkan", "llvmpipe (LLVM 19.1.7, 256 bits)", 24105, 23324), ("CPU", "cpu", "AMD EPYC", 24105, 24105)]),
+    ("rpc-server_v7.0.0_vulkan_lavapipe_unnamed_debian13_real.txt", [("CPU", "cpu", "AMD EPYC", 24105, 24105)]),
+    ("rpc-server_v7.0.0_vulkan_lavapipe_two_icds_debian13_real.txt",
+     [("Vulkan0", "vulkan", "llvmpipe (LLVM 19.1.7, 256 bits)", 24105, 23336),
+      ("Vulkan1", "vulkan", "llvmpipe (LLVM 19.1.7, 256 bits)", 24105, 23336), ("CPU", "cpu", "AMD EPYC", 24105, 24105)]),
 ])
 def test_rpc_server_device_lines(name: str, devices: list[tuple[Any, ...]]) -> None:
     """The device lines of rpc-server's startup output (console or journal) are llama.cpp's device listing."""

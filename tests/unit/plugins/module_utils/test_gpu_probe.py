@@ -108,6 +108,29 @@ def test_collect_with_rpc_server_listing() -> None:
     assert dev["free_mib"] == found["devices"][0]["free_mib"] < 24105
 
 
+def test_collect_the_labs_vulkan_host_with_the_environment_llamacpp_runs_with() -> None:
+    """lab3 (Debian 13, lavapipe): vulkaninfo and rpc-server as recorded there. Without GGML_VK_VISIBLE_DEVICES
+    llama.cpp skips the CPU-type device, and so does the probe; with it, both see Vulkan0 and serve it."""
+    host = FakeHost(
+        {"vulkaninfo": {("--summary",): (0, fixture("vulkaninfo_summary_1.4.304_lavapipe_debian13_real.txt"), ""),
+                        (): (0, fixture("vulkaninfo_full_1.4.304_lavapipe_debian13_real.txt"), "")},
+         "ggml-rpc-server": {("-d", "__llamafleet_probe__"): (
+             1, fixture("rpc-server_v7.0.0_vulkan_lavapipe_debian13_real.txt"), "")}},
+        {"/proc/meminfo": fixture("proc_meminfo_debian12_real.txt"), "/proc/cpuinfo": "model name\t: AMD EPYC\n"})
+    bare = collect_devices(host.run, host.which, host.read_text, backends=["vulkan", "cpu"])
+    assert [d["ggml_name"] for d in bare["devices"]] == ["CPU"] and bare["backend"] == "cpu"
+    named = collect_devices(host.run, host.which, host.read_text, backends=["vulkan", "cpu"],
+                            rpc_server="/opt/llama/bin/ggml-rpc-server", environ={"GGML_VK_VISIBLE_DEVICES": "0"})
+    assert named["errors"] == []
+    vulkan = named["devices"][0]
+    assert (vulkan["ggml_name"], vulkan["name"]) == ("Vulkan0", "llvmpipe (LLVM 19.1.7, 256 bits)")
+    assert vulkan["total_mib"] == 24683656 // 1024 == 24105  # lavapipe's heap is the host's RAM
+    assert named["backend"] == "vulkan" and [d["ggml_name"] for d in named["rpc_devices"]] == ["Vulkan0"]
+    bad = collect_devices(host.run, host.which, host.read_text, backends=["vulkan"],
+                          environ={"GGML_VK_VISIBLE_DEVICES": "1"})
+    assert bad["devices"] == [] and "names Vulkan device(s) 1" in bad["errors"][0]
+
+
 def test_collect_old_rpc_server_without_device_flag() -> None:
     usage = "Usage: ./rpc-server [options]\n"
     host = FakeHost({"rpc-server": {("-d", "__llamafleet_probe__"): (0, "", "error: unknown argument: -d\n" + usage)}},

@@ -851,3 +851,18 @@ def test_elect_orchestrator(hosts: Any, pinned: str | None, expected: str) -> No
 def test_elect_orchestrator_errors(hosts: Any, pinned: str | None, message: str) -> None:
     with pytest.raises(PlanError, match=message):
         elect_orchestrator(hosts, pinned=pinned)
+
+
+def test_plan_identity_ignores_memory_readings_not_what_the_plan_is() -> None:
+    from ansible_collections.llamafleet.cluster.plugins.module_utils.split_plan import plan_identity
+
+    dev = {"name": "RPC1", "host": "lab3", "backend": "cpu", "endpoint": "10.77.0.13:50052", "description": "AMD EPYC",
+           "local": False, "layers": {"count": 1, "start": 18, "end": 19, "output": True, "range": "output"},
+           "free_mib": 23268, "fill_pct": 16.7}
+    base = plan_identity([dev], ["10.77.0.13:50052"], [0, 19], "balanced")
+    assert len(base) == 16
+    assert plan_identity([dict(dev, free_mib=20000, fill_pct=18.1)], ["10.77.0.13:50052"], [0, 19], "balanced") == base
+    # the same split on a worker that became a Vulkan worker is another plan
+    vulkan = dict(dev, backend="vulkan", description="llvmpipe (LLVM 19.1.7, 256 bits)")
+    assert plan_identity([vulkan], ["10.77.0.13:50052"], [0, 19], "balanced") != base
+    assert plan_identity([dev], ["10.77.0.13:50052"], [1, 18], "balanced") != base
