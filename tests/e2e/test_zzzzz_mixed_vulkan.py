@@ -121,9 +121,10 @@ def test_the_vulkan_worker_loads_the_large_tensors_from_its_cache(mixed_fleet):
 def test_the_mixed_cluster_serves(mixed_fleet):
     endpoint = Endpoint.of(mixed_fleet)
     endpoint.wait_healthy(timeout=300)
-    answer = endpoint.complete("The capital of France is", n_predict=16)
-    assert answer["timings"]["predicted_n"] == 16 and answer["content"].strip(), answer
-    print(f"mixed lab: {answer['timings']['predicted_per_second']:.1f} tok/s")
+    # lavapipe computes the output matrix (262144 x 640) on 2 shared cores: seconds a token, so few tokens here
+    answer = endpoint.complete("The capital of France is", n_predict=4)
+    assert answer["timings"]["predicted_n"] == 4 and answer["content"].strip(), answer
+    print(f"mixed lab: {answer['timings']['predicted_per_second']:.2f} tok/s")
 
 
 def test_a_second_deploy_changes_nothing(mixed):
@@ -167,22 +168,14 @@ def test_two_vulkan_devices_in_either_shape(mixed, mixed_fleet, tmp_path, per_de
     parsed = parse_load_log(server_log(mixed_fleet))
     assert compare_with_plan(plan, parsed) == [], parsed
     assert all(layer_ranges(parsed).get(d["name"]) for d in on_vulkan if d["layers"]["count"]), parsed
-    answer = Endpoint.of(mixed_fleet).complete("The capital of France is", n_predict=8)
-    assert answer["timings"]["predicted_n"] == 8
-
-
-def test_back_to_one_device_leaves_no_stale_unit(mixed, mixed_fleet):
-    run = playbook("deploy.yml", timeout=1800)
-    assert run.rc == 0, run.output[-8000:]
-    assert _rpc_units(mixed_fleet, _host(mixed_fleet, VULKAN_HOST)) == [constants.RPC_SERVER_UNIT]
-    plan = read_plan(mixed_fleet)
-    assert [d["host"] for d in plan["devices"] if not d.get("local")] == ["lab2", VULKAN_HOST]
-    assert compare_with_plan(plan, parse_load_log(server_log(mixed_fleet))) == []
+    answer = Endpoint.of(mixed_fleet).complete("The capital of France is", n_predict=2)
+    assert answer["timings"]["predicted_n"] == 2
 
 
 def test_an_orchestrator_with_a_local_vulkan_device_puts_it_after_the_rpc_devices(mixed):
     """lab1 becomes a Vulkan host too: llama-server uses its own Vulkan0 beside the two workers. llama.cpp orders
-    the devices RPC first, then local: the plan's -ts follows that order, and the load log agrees."""
+    the devices RPC first, then local: the plan's -ts follows that order, and the load log agrees. lab3 is back to
+    one rpc-server (the inventory without the two-device variables): no unit of the other shapes is left."""
     cli("lab", "up", "--hosts", "3", "--vulkan", "lab1", "--vulkan", VULKAN_HOST, timeout=1200)
     run = playbook("deploy.yml", timeout=5400)
     assert run.rc == 0, run.output[-8000:]
@@ -190,6 +183,7 @@ def test_an_orchestrator_with_a_local_vulkan_device_puts_it_after_the_rpc_device
     from tests.helpers import INVENTORY
 
     fleet = Fleet.from_inventory(INVENTORY)
+    assert _rpc_units(fleet, _host(fleet, VULKAN_HOST)) == [constants.RPC_SERVER_UNIT]
     plan = read_plan(fleet)
     names = [d["name"] for d in plan["devices"]]
     assert names == ["RPC0", "RPC1", "Vulkan0"], plan["explanation"]
@@ -201,5 +195,5 @@ def test_an_orchestrator_with_a_local_vulkan_device_puts_it_after_the_rpc_device
     assert all(layer_ranges(parsed).get(d["name"]) for d in plan["devices"] if d["layers"]["count"]), parsed
     unit = fleet.run_one("systemctl cat llamafleet-llama-server.service", fleet.orchestrator)
     assert "GGML_VK_VISIBLE_DEVICES=0" in unit, unit
-    answer = Endpoint.of(fleet).complete("The capital of France is", n_predict=8)
-    assert answer["timings"]["predicted_n"] == 8
+    answer = Endpoint.of(fleet).complete("The capital of France is", n_predict=2)
+    assert answer["timings"]["predicted_n"] == 2
