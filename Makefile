@@ -23,7 +23,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 DEBIAN_PACKAGES := systemd-container debootstrap openssh-client iproute2 ccache curl rsync gcc make git
 
-.PHONY: help demo test deps venv lint sanity unit min-ansible-test lab-test e2e-test partition-test llamacpp-local-test molecule-test bench clean-lab
+.PHONY: help demo test deps venv lint sanity unit min-ansible-test lab-test e2e-test long-test partition-test llamacpp-local-test molecule-test bench clean-lab
 
 help:
 	@echo "make demo   - real 3-host lab on this machine, deploy, a completion from the distributed cluster"
@@ -92,9 +92,16 @@ lab-test: venv
 	@echo "==> lab integration tests (real hosts)"
 	@$(BIN)/pytest -q -m "lab and not e2e" tests/integration/test_lab.py
 
+# --durations: where the suite's time goes, printed at the end of every run.
 e2e-test: venv
 	@echo "==> end-to-end tests: deploy.yml on a 3-host lab (compiles llama.cpp once unless the controller caches it)"
-	@$(BIN)/pytest -q tests/e2e
+	@$(BIN)/pytest -q -m "not long" --durations=25 tests/e2e
+
+# The end-to-end modules that do not fit CI's 90 minutes beside the rest on a 2-core machine (marked long):
+# the mixed CPU + Vulkan lab (a second compile, Debian 13 hosts) and the benchmark of two llama.cpp builds.
+long-test: venv
+	@echo "==> long end-to-end tests: the mixed CPU + Vulkan lab, the two-build benchmark"
+	@$(BIN)/pytest -q -m long --durations=25 tests/e2e
 
 # The 2-minute silent partition of tests/e2e/test_faults.py: run on its own (see the test's note).
 partition-test: venv

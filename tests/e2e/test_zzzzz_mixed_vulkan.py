@@ -27,6 +27,9 @@ from llamafleet.lab.image import LAVAPIPE_ICD, SECOND_LAVAPIPE_ICD
 from llamafleet.lab.paths import LabPaths
 from tests.helpers import cli, playbook
 
+# Outside make test (CI's 90 minutes on 2 cores): make long-test runs it.
+pytestmark = pytest.mark.long
+
 VULKAN_HOST = "lab3"
 BUILDINFO = "/opt/llamafleet/llama.cpp/current/BUILDINFO.json"
 
