@@ -94,7 +94,7 @@ lab-test: venv
 
 # --durations: where the suite's time goes, printed at the end of every run.
 e2e-test: venv
-	@echo "==> end-to-end tests: deploy.yml on a 3-host lab (compiles llama.cpp once unless the controller caches it)"
+	@echo "==> end-to-end tests: deploy.yml on a 3-host lab (compiles the llama.cpp builds the controller has not cached)"
 	@$(BIN)/pytest -q -m "not long" --durations=25 tests/e2e
 
 # The end-to-end modules that do not fit CI's 90 minutes beside the rest on a 2-core machine (marked long):
