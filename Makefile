@@ -94,13 +94,13 @@ lab-test: venv
 
 # --durations: where the suite's time goes, printed at the end of every run.
 e2e-test: venv
-	@echo "==> end-to-end tests: deploy.yml on a 3-host lab (compiles the llama.cpp builds the controller has not cached)"
+	@echo "==> end-to-end tests: a mixed CPU + Vulkan lab, then deploy.yml on a 3-host CPU lab (compiles the llama.cpp builds the controller has not cached)"
 	@$(BIN)/pytest -q -m "not long" --durations=25 tests/e2e
 
-# The end-to-end modules that do not fit CI's 90 minutes beside the rest on a 2-core machine (marked long):
-# the mixed CPU + Vulkan lab (a second compile, Debian 13 hosts) and the benchmark of two llama.cpp builds.
+# The end-to-end module that does not fit CI's 90 minutes beside the rest on a 2-core machine (marked long):
+# the benchmark of two llama.cpp builds (every host switched to the other release and back).
 long-test: venv
-	@echo "==> long end-to-end tests: the mixed CPU + Vulkan lab, the two-build benchmark"
+	@echo "==> long end-to-end tests: the two-build benchmark"
 	@$(BIN)/pytest -q -m long --durations=25 tests/e2e
 
 # The 2-minute silent partition of tests/e2e/test_faults.py: run on its own (see the test's note).

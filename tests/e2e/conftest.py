@@ -30,8 +30,12 @@ def lab():
 
 @pytest.fixture(scope="session")
 def deployed(lab):
-    """The first deploy from bare hosts (compiles llama.cpp unless the controller's artifact cache has it)."""
+    """The 3-host CPU lab deployed (compiles llama.cpp unless the controller's artifact cache has it).
+
+    ``lab up --hosts 3`` first: after test_a_mixed_vulkan.py it boots lab1 and lab3 again as Debian 12 CPU hosts
+    (bare hosts, deployed from here); on a lab that already has that shape it changes nothing."""
     started = time.monotonic()
+    cli("lab", "up", "--hosts", "3", timeout=1200)
     run = playbook("deploy.yml", timeout=5400)
     run.seconds = time.monotonic() - started
     assert run.rc == 0, f"deploy.yml failed:\n{run.output[-8000:]}"
