@@ -97,8 +97,8 @@ e2e-test: venv
 	@echo "==> end-to-end tests: a mixed CPU + Vulkan lab, then deploy.yml on a 3-host CPU lab (compiles the llama.cpp builds the controller has not cached)"
 	@$(BIN)/pytest -q -m "not long" --durations=25 tests/e2e
 
-# The end-to-end module that does not fit CI's 90 minutes beside the rest on a 2-core machine (marked long):
-# the benchmark of two llama.cpp builds (every host switched to the other release and back).
+# The end-to-end module kept out of make test (marked long) while the suite was close to CI's 90 minutes:
+# the benchmark of two llama.cpp builds (every host switched to the other release and back), about 5 minutes warm.
 long-test: venv
 	@echo "==> long end-to-end tests: the two-build benchmark"
 	@$(BIN)/pytest -q -m long --durations=25 tests/e2e
