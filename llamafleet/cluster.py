@@ -11,7 +11,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from .core import constants, deployment_record
+from .core import constants
 from .errors import UserError
 from .fleet import Fleet, Host
 from .layout import HostLayout, as_bool, host_layout, orchestrator_layout
@@ -44,21 +44,23 @@ class Endpoint:
         return f"{'https' if self.tls else 'http'}://{self.address}:{self.port}"
 
     @classmethod
-    def of(cls, fleet: Fleet, api_key: str | None = None, record: dict[str, Any] | None = None) -> Endpoint:
-        """The orchestrator's llama-server, where its deployment ``record`` says it listens (else where the
-        inventory says), with its API key (``api_key`` when given, else :func:`api_key_of`, which reads the
-        record itself when none is given and it needs the key file's path)."""
+    def of(cls, fleet: Fleet, api_key: str | None = None, record: dict[str, Any] | None = None,
+           layout: HostLayout | None = None) -> Endpoint:
+        """The orchestrator's llama-server, where its deployment record says it listens (``layout``, the
+        orchestrator's :class:`HostLayout`, or the ``record`` itself; else where the inventory says), with its
+        API key (``api_key`` when given, else :func:`api_key_of`, which reads the record itself when given
+        neither and it needs the key file's path)."""
         orch = fleet.orchestrator
-        recorded = deployment_record.section(record, "llama_server")
-        if recorded.get("api_endpoint") and recorded.get("port"):
-            address, port = str(recorded["bind_address"]), int(recorded["port"])
-            tls = str(recorded["api_endpoint"]).startswith("https://")
+        if layout is None and record is not None:
+            layout = host_layout(fleet, orch, record)
+        if layout is not None and layout.endpoint:
+            address, port, tls = layout.endpoint
         else:
             address = str(orch.var("llama_server_bind_address", orch.cluster_address))
             port = int(orch.var("llama_server_port", constants.LLAMA_SERVER_PORT))
             tls = bool(str(orch.var("llama_server_tls_cert", "") or "").strip())
         if api_key is None:
-            api_key = api_key_of(fleet, None if record is None else host_layout(fleet, orch, record))
+            api_key = api_key_of(fleet, layout)
         return cls(orch, address, port, api_key, tls)
 
     def _open(self, path: str, payload: dict[str, Any] | None, timeout: float):

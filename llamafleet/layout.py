@@ -83,6 +83,8 @@ class HostLayout:
     api_key_file: str | None = None
     gate_unit: str = constants.GATE_UNIT
     guard_unit: str = constants.RPC_GUARD_UNIT
+    # Where the gate serves clients, as recorded: (address, port, tls); None when the record does not say.
+    endpoint: tuple[str, int, bool] | None = None
     # Whether the values come from the host's deployment record (else from the inventory and the defaults).
     recorded: bool = False
 
@@ -135,8 +137,16 @@ def host_layout(fleet: Fleet, host: Host, record: dict[str, Any] | None = None) 
         api_key_file=str(llama.get("api_key_file") or constants.API_KEY_PATH) if orchestrator else None,
         gate_unit=str(llama.get("gate_unit") or constants.GATE_UNIT),
         guard_unit=str(rpc.get("guard_unit") or constants.RPC_GUARD_UNIT),
+        endpoint=recorded_endpoint(llama),
         recorded=bool(rpc or llama),
     )
+
+
+def recorded_endpoint(llama: dict[str, Any]) -> tuple[str, int, bool] | None:
+    """(address, port, tls) of the gate from the record's llama_server section; None when it does not say."""
+    if not (llama.get("api_endpoint") and llama.get("port")):
+        return None
+    return str(llama["bind_address"]), int(llama["port"]), str(llama["api_endpoint"]).startswith("https://")
 
 
 def record_command() -> str:

@@ -6,7 +6,7 @@ deployed unit is stopped, so the measurement sees the same binary, user and
 workers as production; the deployed unit is started again afterwards, even
 when a variant fails (:func:`serving_paused`).
 
-The units and paths are the orchestrator's deployment record's (:class:`HostLayout`): a benchmark reads
+The units, paths and endpoint are the orchestrator's deployment record's (:class:`HostLayout`): a benchmark reads
 it once (:func:`orchestrator_layout`) and hands it to each step as ``layout``; a step given none reads it.
 """
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..cluster import Endpoint, api_key_of
+from ..cluster import Endpoint
 from ..errors import UserError
 from ..facts import Fact, gather, parse_cmdline, parse_counters, parse_route_device
 from ..fleet import Fleet
@@ -144,12 +144,12 @@ def restore_service(fleet: Fleet, layout: HostLayout | None = None) -> None:
     fleet.run_one(f"systemctl stop {BENCH_UNIT}; systemctl reset-failed {BENCH_UNIT}; "
                   f"systemctl start {serving_units(layout)}", fleet.orchestrator,
                   what=f"starting {layout.llama_unit} again")
-    Endpoint.of(fleet, api_key="").wait_healthy(timeout=600)
+    Endpoint.of(fleet, api_key="", layout=layout).wait_healthy(timeout=600)
 
 
 def pause_warning(fleet: Fleet, layout: HostLayout) -> str:
     """What the user must know before a benchmark takes the cluster out of service."""
-    url = Endpoint.of(fleet, api_key="").url
+    url = Endpoint.of(fleet, api_key="", layout=layout).url
     return (f"warning: this benchmark stops {layout.llama_unit} on {fleet.orchestrator.name} ({url}): clients get "
             "no answers until it ends; the deployed unit is started again at the end, also when it fails")
 
@@ -201,7 +201,7 @@ def run_variant(fleet: Fleet, name: str, argv: list[str], runs: int = 3, n_predi
     """Start ``argv`` on the orchestrator, time the load, then ``runs`` greedy completions."""
     orch = fleet.orchestrator
     layout = layout or orchestrator_layout(fleet)
-    endpoint = Endpoint.of(fleet, api_key=api_key_of(fleet, layout))
+    endpoint = Endpoint.of(fleet, layout=layout)
     stop_service(fleet, layout)
     # the deployed argv listens on loopback behind the gate: the variant takes the gate's address and port
     argv = replace_flag(replace_flag(argv, "--host", endpoint.address), "--port", str(endpoint.port))

@@ -220,6 +220,34 @@ def test_run_variant_uses_the_layouts_units_and_key_file(connector, recorded, re
     assert record_command() not in commands and commands[2].startswith(f"systemd-run --unit={BENCH} ")
 
 
+def test_the_benchmark_talks_to_the_recorded_endpoint_not_the_inventorys(connector, recorded, renamed_record,
+                                                                          server, monkeypatch):
+    """The inventory names a port nothing listens on (changed since the deploy): waiting for the restored
+    service, the warning and the variant all use the address and port the deployment record holds."""
+    monkeypatch.delenv("LLAMAFLEET_API_KEY", raising=False)
+    monkeypatch.setattr(runner, "measurement", lambda name, load_s, sent, answers: answers)
+    srv = server(api_key="k3y")
+    renamed_record["sections"]["llama_server"].update(
+        bind_address="127.0.0.1", port=srv.port, api_endpoint=f"http://127.0.0.1:{srv.port}")
+    key = renamed_record["sections"]["llama_server"]["api_key_file"]
+
+    def answer(host, command):
+        return (0, "k3y\n", "") if command == f"cat {key}" else (0, "", "")
+
+    data = {constants.GROUP_ORCHESTRATOR: {"hosts": ["lab1"]},
+            "_meta": {"hostvars": {"lab1": {"llamafleet_cluster_address": "127.0.0.1", "llama_server_port": 9}}}}
+    fleet = Fleet.from_inventory_json(data, connector(recorded(renamed_record, answer)))
+    layout = orchestrator_layout(fleet)
+    assert layout.endpoint == ("127.0.0.1", srv.port, False)
+    assert f"(http://127.0.0.1:{srv.port})" in runner.pause_warning(fleet, layout)
+    runner.restore_service(fleet, layout)
+    assert srv.seen[-1][:2] == ("GET", "/health")
+    answers = runner.run_variant(fleet, "plan", ["/bin/llama-server", "--port", "8080"], runs=1, layout=layout)
+    assert [a["content"] for a in answers] == [runner.PROMPT[::-1]]
+    run = next(c for _, c in fleet.connect.calls if c.startswith("systemd-run "))
+    assert run.endswith(f"/bin/llama-server --port {srv.port} --host 127.0.0.1")
+
+
 @pytest.fixture
 def restores(monkeypatch):
     calls: list[str] = []
