@@ -70,9 +70,12 @@ MODEL = Artifact(
 
 def _fetch_llama_cpp_source(artifact: Artifact, dest: Path) -> None:
     requirement = artifact.origin.removeprefix("PyPI sdist ")
+    # The sdist of this project alone: pip prepares its metadata in an isolated build environment, whose
+    # dependencies come as wheels (with ":all:" pip compiled them too, minutes on an empty pip cache).
+    project = requirement.split("==", 1)[0]
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".pip-download-") as tmp:
         proc = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", project,
              "--dest", tmp, requirement],
             stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
         )
