@@ -44,15 +44,12 @@ class Endpoint:
         return f"{'https' if self.tls else 'http'}://{self.address}:{self.port}"
 
     @classmethod
-    def of(cls, fleet: Fleet, api_key: str | None = None, record: dict[str, Any] | None = None,
-           layout: HostLayout | None = None) -> Endpoint:
+    def of(cls, fleet: Fleet, api_key: str | None = None, layout: HostLayout | None = None) -> Endpoint:
         """The orchestrator's llama-server, where its deployment record says it listens (``layout``, the
-        orchestrator's :class:`HostLayout`, or the ``record`` itself; else where the inventory says), with its
-        API key (``api_key`` when given, else :func:`api_key_of`, which reads the record itself when given
-        neither and it needs the key file's path)."""
+        orchestrator's :class:`HostLayout`; else where the inventory says), with its API key (``api_key`` when
+        given, else :func:`api_key_of`, which reads the record itself when given no layout and it needs the key
+        file's path)."""
         orch = fleet.orchestrator
-        if layout is None and record is not None:
-            layout = host_layout(fleet, orch, record)
         if layout is not None and layout.endpoint:
             address, port, tls = layout.endpoint
         else:

@@ -195,14 +195,14 @@ def is_bad(row: dict[str, Any]) -> bool:
 def fleet_status(fleet: Fleet, health_timeout: float = 2.0) -> list[dict[str, Any]]:
     """One status row per host of the fleet, by host name; llama-server's /health on an active orchestrator."""
     hosts = fleet.members()
-    layouts, records, errors = fleet_layouts(fleet, hosts)
+    layouts, _records, errors = fleet_layouts(fleet, hosts)
     found = gather(fleet, [h for h in hosts if h.name in layouts], lambda h: status_facts(layouts[h.name]))
     rows = []
     for host in hosts:
         facts = found.get(host.name) or HostFacts(host.name, error=errors.get(host.name))
         row = host_row(host, layouts.get(host.name), facts)
         if facts.ok and layouts[host.name].orchestrator:
-            row.update(orchestrator_health(fleet, row["state"], health_timeout, records.get(host.name)))
+            row.update(orchestrator_health(fleet, row["state"], health_timeout, layouts[host.name]))
         rows.append(row)
     links = gate_links(next((r for r in rows if "serving" in r), None))
     for row in rows:
@@ -212,10 +212,11 @@ def fleet_status(fleet: Fleet, health_timeout: float = 2.0) -> list[dict[str, An
 
 
 def orchestrator_health(fleet: Fleet, state: str, timeout: float,
-                        record: dict[str, Any] | None = None) -> dict[str, str]:
-    """``endpoint``, and ``health`` (/health's answer) when llama-server's unit is active."""
+                        layout: HostLayout | None = None) -> dict[str, str]:
+    """``endpoint`` (where the orchestrator's ``layout`` says it serves), and ``health`` (/health's answer)
+    when llama-server's unit is active."""
     try:
-        endpoint = Endpoint.of(fleet, api_key="", record=record)  # /health needs no key
+        endpoint = Endpoint.of(fleet, api_key="", layout=layout)  # /health needs no key
     except UserError as exc:
         return {"health": str(exc)}
     if state != "active":

@@ -11,7 +11,7 @@ from llamafleet.cluster import Endpoint, api_key_of, error_message, read_plan, s
 from llamafleet.core import constants
 from llamafleet.errors import UserError
 from llamafleet.fleet import Fleet, Host
-from llamafleet.layout import orchestrator_layout, record_command
+from llamafleet.layout import host_layout, orchestrator_layout, record_command
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 PLAN_TEXT = (FIXTURES / "plan_lab3_gemma270m_generated.json").read_text(encoding="utf-8")
@@ -49,7 +49,8 @@ def test_endpoint_follows_the_deployment_record(llama, url):
             "_meta": {"hostvars": {"o": {"llamafleet_cluster_address": "10.0.0.1",
                                          "llama_server_tls_cert": "/etc/ssl/gate.pem"}}}}
     record = {"schema": constants.DEPLOYMENT_RECORD_SCHEMA, "sections": {"llama_server": llama} if llama else {}}
-    assert Endpoint.of(Fleet.from_inventory_json(data), api_key="", record=record).url == url
+    fleet = Fleet.from_inventory_json(data)
+    assert Endpoint.of(fleet, api_key="", layout=host_layout(fleet, fleet.orchestrator, record)).url == url
 
 
 def _orchestrator_fleet(**hostvars: object) -> Fleet:
@@ -117,7 +118,7 @@ def test_endpoint_of_a_record_reads_the_key_file_it_names_without_reading_it_aga
                                                                                    renamed_record):
     monkeypatch.delenv("LLAMAFLEET_API_KEY", raising=False)
     fleet = fleet_answering(connector, only(f"cat {RENAMED['key']}", "k3y\n"))
-    assert Endpoint.of(fleet, record=renamed_record).api_key == "k3y"
+    assert Endpoint.of(fleet, layout=host_layout(fleet, fleet.orchestrator, renamed_record)).api_key == "k3y"
     assert fleet.connect.calls == [("lab1", f"cat {RENAMED['key']}")]
 
 
