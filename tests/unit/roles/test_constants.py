@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils import constants as c
+from llamafleet.core import constants as c
 
 REPO = Path(__file__).resolve().parents[3]
 ROLES = REPO / "roles"

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import yaml
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils import constants as c
-from ansible_collections.llamafleet.cluster.plugins.module_utils import rpc_metrics as rm
-from ansible_collections.llamafleet.cluster.plugins.module_utils import serving_gate as sg
-from ansible_collections.llamafleet.cluster.plugins.module_utils.systemd_unit import render_rpc_server_unit
+from llamafleet.core import constants as c
+from llamafleet.core import rpc_metrics as rm
+from llamafleet.core import serving_gate as sg
+from llamafleet.core.systemd_unit import render_rpc_server_unit
 
 REPO = Path(__file__).resolve().parents[3]
 ROLE = REPO / "roles" / "monitoring"

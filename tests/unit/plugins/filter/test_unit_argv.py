@@ -11,7 +11,7 @@ from ansible.module_utils import _internal
 _WAS_CONTROLLER = _internal.is_controller
 from ansible.errors import AnsibleFilterError  # noqa: E402
 from ansible_collections.llamafleet.cluster.plugins.filter.unit_argv import FilterModule  # noqa: E402
-from ansible_collections.llamafleet.cluster.plugins.module_utils.llama_flags import rpc_server_features  # noqa: E402
+from llamafleet.core.llama_flags import rpc_server_features  # noqa: E402
 _internal.is_controller = _WAS_CONTROLLER
 
 FILTERS = FilterModule().filters()

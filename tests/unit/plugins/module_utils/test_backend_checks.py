@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils import backend_checks as bc
-from ansible_collections.llamafleet.cluster.plugins.module_utils.constants import GROUP_BACKEND_PREFIX, LLAMACPP_BACKENDS
+from llamafleet.core import backend_checks as bc
+from llamafleet.core.constants import GROUP_BACKEND_PREFIX, LLAMACPP_BACKENDS
 
 LDCONFIG_VULKAN = (
     "1234 libs found in cache `/etc/ld.so.cache'\n"

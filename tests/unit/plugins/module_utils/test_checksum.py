@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils import checksum
+from llamafleet.core import checksum
 
 BLOB = b"GGUF" + bytes(1000)
 DIGEST = hashlib.sha256(BLOB).hexdigest()

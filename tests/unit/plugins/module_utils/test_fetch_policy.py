@@ -10,7 +10,7 @@ import urllib.error
 
 import pytest
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils import fetch_policy as fp
+from llamafleet.core import fetch_policy as fp
 
 ROLE = fp.Names(files="model_files", token="model_token", headers="model_headers",
                 auth_redirect_hosts="model_auth_redirect_hosts", retries="model_download_retries")

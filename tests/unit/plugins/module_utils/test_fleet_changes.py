@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils.fleet_changes import (
+from llamafleet.core.fleet_changes import (
     RECORD_SCHEMA,
     FleetRecordError,
     fleet_changes,

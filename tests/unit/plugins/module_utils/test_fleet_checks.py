@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils.fleet_checks import (
+from llamafleet.core.fleet_checks import (
     bind_address_problem,
     endpoint_clash,
     fleet_groups_problem,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils import fnv
-from ansible_collections.llamafleet.cluster.plugins.module_utils.fnv import (
+from llamafleet.core import fnv
+from llamafleet.core.fnv import (
     HashError,
     find_helper,
     fnv1a64,

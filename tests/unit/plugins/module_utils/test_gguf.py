@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from gguf_testfile import Typed, write_gguf
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils import gguf
-from ansible_collections.llamafleet.cluster.plugins.module_utils.gguf import (
+from llamafleet.core import gguf
+from llamafleet.core.gguf import (
     ArraySummary,
     GGUFError,
     model_facts,

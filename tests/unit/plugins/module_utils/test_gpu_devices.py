@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_devices import (
+from llamafleet.core.gpu_devices import (
     ParseError,
     apply_overrides,
     ggml_device_name,
@@ -17,7 +17,7 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_devices imp
     unmatched_overrides,
     usable_mib,
 )
-from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_parsers import (
+from llamafleet.core.gpu_parsers import (
     parse_ggml_device_lines,
     parse_meminfo,
     parse_nvidia_smi_csv,

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_devices import ParseError
-from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_parsers import (
+from llamafleet.core.gpu_devices import ParseError
+from llamafleet.core.gpu_parsers import (
     merge_vulkan,
     parse_amd_smi_json,
     parse_ggml_device_lines,

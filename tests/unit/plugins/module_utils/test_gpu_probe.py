@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_devices import ParseError
-from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_probe import collect_devices
+from llamafleet.core.gpu_devices import ParseError
+from llamafleet.core.gpu_probe import collect_devices
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gpu"
 

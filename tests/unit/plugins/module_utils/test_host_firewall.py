@@ -9,8 +9,8 @@ import pytest
 import yaml
 from firewall_sim import FirewallHost
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils import host_firewall as hf
-from ansible_collections.llamafleet.cluster.plugins.module_utils.constants import HOST_FIREWALL_COMMENT
+from llamafleet.core import host_firewall as hf
+from llamafleet.core.constants import HOST_FIREWALL_COMMENT
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "host_firewall"
 ROLE = Path(__file__).resolve().parents[4] / "roles" / "rpc_server"

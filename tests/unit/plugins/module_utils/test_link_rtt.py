@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils.link_rtt import (
+from llamafleet.core.link_rtt import (
     measure_endpoints,
     ping_ms,
     summarize,

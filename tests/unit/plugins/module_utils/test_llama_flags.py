@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils.llama_flags import (
+from llamafleet.core.llama_flags import (
     FlagError,
     detect_features,
     kv_unified_args,

@@ -14,8 +14,8 @@ import pytest
 import yaml
 from ansible.module_utils import _internal
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils.constants import LLAMACPP_BACKENDS
-from ansible_collections.llamafleet.cluster.plugins.module_utils.llamacpp_build import (
+from llamafleet.core.constants import LLAMACPP_BACKENDS
+from llamafleet.core.llamacpp_build import (
     BACKEND_CMAKE,
     BuildSettingsError,
     build_identity,

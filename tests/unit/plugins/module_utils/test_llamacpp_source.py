@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils.llamacpp_source import (
+from llamafleet.core.llamacpp_source import (
     RPC_HEADER,
     RPC_SOURCE,
     SourceFactsError,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils.log_parse import (
+from llamafleet.core.log_parse import (
     buffers_by_device,
     device_for_buffer,
     layer_counts,

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from gguf_testfile import Typed, write_gguf
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils import rpc_cache
-from ansible_collections.llamafleet.cluster.plugins.module_utils.fnv import fnv1a64, hash_name
-from ansible_collections.llamafleet.cluster.plugins.module_utils.gguf import read_gguf
-from ansible_collections.llamafleet.cluster.plugins.module_utils.rpc_cache import (
+from llamafleet.core import rpc_cache
+from llamafleet.core.fnv import fnv1a64, hash_name
+from llamafleet.core.gguf import read_gguf
+from llamafleet.core.rpc_cache import (
     HASH_THRESHOLD,
     CacheError,
     model_hashes,

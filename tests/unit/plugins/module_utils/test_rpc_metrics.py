@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils import rpc_metrics as rm
-from ansible_collections.llamafleet.cluster.plugins.module_utils.rpc_cache import CACHE_NAME as CACHE_NAME_OF_RPC_CACHE
+from llamafleet.core import rpc_metrics as rm
+from llamafleet.core.rpc_cache import CACHE_NAME as CACHE_NAME_OF_RPC_CACHE
 
 MODULE_UTILS = Path(rm.__file__).resolve().parent
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "monitoring"

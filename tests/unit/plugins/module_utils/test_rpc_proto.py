@@ -9,8 +9,8 @@ from typing import Callable, Iterator
 
 import pytest
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils import rpc_proto
-from ansible_collections.llamafleet.cluster.plugins.module_utils.rpc_proto import (
+from llamafleet.core import rpc_proto
+from llamafleet.core.rpc_proto import (
     HelloResult,
     RPCClosed,
     RPCConnectError,

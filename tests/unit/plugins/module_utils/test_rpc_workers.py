@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils.rpc_workers import (
+from llamafleet.core.rpc_workers import (
     WorkerError,
     rpc_server_endpoints,
     rpc_server_instances,

@@ -19,8 +19,8 @@ from typing import Any, Awaitable, Callable
 
 import pytest
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils import serving_gate as sg
-from ansible_collections.llamafleet.cluster.plugins.module_utils.serving_gate import (
+from llamafleet.core import serving_gate as sg
+from llamafleet.core.serving_gate import (
     DOWN,
     LOADING,
     SERVING,
@@ -555,7 +555,7 @@ def test_format_value(value: float, text: str) -> None:
 
 
 def test_the_gates_metrics_path_is_the_one_prometheus_scrapes() -> None:
-    from ansible_collections.llamafleet.cluster.plugins.module_utils import constants
+    from llamafleet.core import constants
     assert sg.GATE_METRICS_PATH == constants.GATE_METRICS_PATH
 
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils.log_parse import (
+from llamafleet.core.log_parse import (
     buffers_by_device,
     compare_with_plan,
     parse_load_log,
 )
-from ansible_collections.llamafleet.cluster.plugins.module_utils.split_plan import (
+from llamafleet.core.split_plan import (
     MAX_AUTO_SLOTS,
     MAX_DEVICES,
     MIN_SLOT_CTX,
@@ -36,8 +36,8 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.split_plan impo
     size_fleet,
     validate_request,
 )
-from ansible_collections.llamafleet.cluster.plugins.module_utils.split_policies import choose_split
-from ansible_collections.llamafleet.cluster.plugins.module_utils.split_units import auto_slots
+from llamafleet.core.split_policies import choose_split
+from llamafleet.core.split_units import auto_slots
 
 MIB = 2**20
 GIB = 2**30
@@ -818,7 +818,7 @@ def test_compare_a_fit_plan_by_its_devices_only() -> None:
 
 @pytest.mark.skipif(not REAL_MODEL.exists(), reason="the lab model is not on this machine")
 def test_recorded_facts_are_the_real_files() -> None:
-    from ansible_collections.llamafleet.cluster.plugins.module_utils.gguf import model_facts
+    from llamafleet.core.gguf import model_facts
 
     assert model_facts(str(REAL_MODEL)) == GEMMA
 
@@ -854,7 +854,7 @@ def test_elect_orchestrator_errors(hosts: Any, pinned: str | None, message: str)
 
 
 def test_plan_identity_ignores_memory_readings_not_what_the_plan_is() -> None:
-    from ansible_collections.llamafleet.cluster.plugins.module_utils.split_plan import plan_identity
+    from llamafleet.core.split_plan import plan_identity
 
     dev = {"name": "RPC1", "host": "lab3", "backend": "cpu", "endpoint": "10.77.0.13:50052", "description": "AMD EPYC",
            "local": False, "layers": {"count": 1, "start": 18, "end": 19, "output": True, "range": "output"},

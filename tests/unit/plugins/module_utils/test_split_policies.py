@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils.split_policies import (
+from llamafleet.core.split_policies import (
     balanced_counts,
     check_counts_fit,
     choose_split,
@@ -18,7 +18,7 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.split_policies 
     fewest_hops_counts,
     worth_fewer_hops,
 )
-from ansible_collections.llamafleet.cluster.plugins.module_utils.split_units import MIB, PlanError
+from llamafleet.core.split_units import MIB, PlanError
 
 # --- helpers -------------------------------------------------------------------------------------
 

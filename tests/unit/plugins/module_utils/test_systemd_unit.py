@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils.constants import (
+from llamafleet.core.constants import (
     GATE_CONFIG_PATH,
     GATE_RUNTIME_DIR,
     GATE_SCRIPT,
@@ -20,8 +20,8 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.constants impor
     LLAMA_SERVER_UNIT,
     RPC_FIREWALL_UNIT,
 )
-from ansible_collections.llamafleet.cluster.plugins.module_utils.llama_flags import FlagError
-from ansible_collections.llamafleet.cluster.plugins.module_utils.systemd_unit import (
+from llamafleet.core.llama_flags import FlagError
+from llamafleet.core.systemd_unit import (
     BACKEND_DEVICE_NODES,
     UnitError,
     render_gate_unit,
@@ -391,8 +391,8 @@ def test_rpc_guard_unit_watches_every_rpc_server_of_the_host() -> None:
 # --- degraded mode's plan switch ----------------------------------------------------------------------------
 
 def test_plan_switch_units() -> None:
-    from ansible_collections.llamafleet.cluster.plugins.module_utils import constants
-    from ansible_collections.llamafleet.cluster.plugins.module_utils.systemd_unit import render_plan_switch_units
+    from llamafleet.core import constants
+    from llamafleet.core.systemd_unit import render_plan_switch_units
 
     service, path = render_plan_switch_units(header="# managed")
     found = directives(service)
@@ -412,7 +412,7 @@ def test_plan_switch_units() -> None:
 
 
 def test_exec_dropin_resets_then_replaces_the_start_commands() -> None:
-    from ansible_collections.llamafleet.cluster.plugins.module_utils.systemd_unit import render_exec_dropin
+    from llamafleet.core.systemd_unit import render_exec_dropin
 
     text = render_exec_dropin(["/opt/llama-server", "--rpc", "10.0.0.2:50052"], [["/usr/bin/wait", "10.0.0.2:50052"]],
                               comments=["degraded"])

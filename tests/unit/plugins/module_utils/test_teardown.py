@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils import constants as c
-from ansible_collections.llamafleet.cluster.plugins.module_utils.serving_gate import ping_group_range
-from ansible_collections.llamafleet.cluster.plugins.module_utils.teardown import (
+from llamafleet.core import constants as c
+from llamafleet.core.serving_gate import ping_group_range
+from llamafleet.core.teardown import (
     EMPTY_PING_GROUP_RANGE,
     namespace_parents,
     ping_group_range_restore,

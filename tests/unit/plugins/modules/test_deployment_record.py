@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils import constants
-from ansible_collections.llamafleet.cluster.plugins.module_utils.deployment_record import (
+from llamafleet.core import constants
+from llamafleet.core.deployment_record import (
     SCHEMA,
     RecordError,
     parse,

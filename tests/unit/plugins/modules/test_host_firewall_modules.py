@@ -12,7 +12,7 @@ import yaml
 from ansible.module_utils.basic import AnsibleModule
 from firewall_sim import FirewallHost
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils.constants import (
+from llamafleet.core.constants import (
     HOST_FIREWALL_COMMENT,
     HOST_FIREWALL_STATE,
 )

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import pytest
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils.llama_flags import detect_features
+from llamafleet.core.llama_flags import detect_features
 from ansible_collections.llamafleet.cluster.plugins.modules import rpc_plan
 from module_runner import run_main
 
@@ -262,7 +262,7 @@ ROLE = Path(__file__).resolve().parents[4] / "roles" / "llama_server"
 def test_module_docs_and_role_agree_on_margin_and_policies() -> None:
     import yaml
 
-    from ansible_collections.llamafleet.cluster.plugins.module_utils.split_plan import DEFAULT_COMPUTE_MIB, POLICIES
+    from llamafleet.core.split_plan import DEFAULT_COMPUTE_MIB, POLICIES
 
     options = yaml.safe_load(rpc_plan.DOCUMENTATION)["options"]
     defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
