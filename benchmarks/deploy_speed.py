@@ -1,6 +1,6 @@
 """Benchmark: cold deploy of a fresh lab, how many times llama.cpp was compiled, and the idempotent re-run.
 
-    python benchmarks/deploy_speed.py [--hosts 3] [--compile]
+    python -m benchmarks.deploy_speed [--hosts 3] [--compile]
 
 ``--compile`` points the build role at an empty artifact cache, so the cold
 deploy compiles llama.cpp as on a fleet's first day; without it the controller's

@@ -9,7 +9,7 @@ model) with both, after reading it once so the page cache serves every pass.
 The Python fallback only hashes the first --python-mb megabytes: at its speed
 the whole file would take minutes. Both must agree on that prefix.
 
-    python benchmarks/fnv_speed.py [FILE] [--python-mb 8] [--repeat 3]
+    python -m benchmarks.fnv_speed [FILE] [--python-mb 8] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "plugins", "module_utils"))
 
-import fnv  # noqa: E402  (module_utils file, loaded standalone)
+from llamafleet.core import fnv
 
 DEFAULT_FILE = "/var/cache/llamafleet/models/gemma-3-270m-q4_k_m.gguf"
 SOURCE = os.path.join(ROOT, "roles", "llamacpp_build", "files", "llamafleet-fnv1a64.c")

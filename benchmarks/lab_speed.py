@@ -10,7 +10,7 @@ beforehand to measure exactly that (minutes, and network traffic to the Debian
 mirror), and `--cache EMPTY_DIR` measures a fresh machine's first run, which also
 fetches the llama.cpp source and the model.  The lab is left down afterwards.
 
-    python benchmarks/lab_speed.py [--hosts 3] [--runs 3] [--first-ever] [--cache DIR] [--json FILE]
+    python -m benchmarks.lab_speed [--hosts 3] [--runs 3] [--first-ever] [--cache DIR] [--json FILE]
 
 Targets: 3 hosts up from a cached image <= 60 s, first ever <= 180 s, down <= 15 s.
 Needs root.
@@ -28,11 +28,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from llamafleet.lab.image import IMAGE_PACKAGES, SUITE, BaseImage, detect_mirror, image_key  # noqa: E402
-from llamafleet.lab.paths import LabPaths  # noqa: E402
-from llamafleet.lab.system import remove_tree  # noqa: E402
+from llamafleet.lab.image import IMAGE_PACKAGES, SUITE, BaseImage, detect_mirror, image_key
+from llamafleet.lab.paths import LabPaths
+from llamafleet.lab.system import remove_tree
 
 TARGETS = {"first_ever_up_s": 180.0, "cached_up_s": 60.0, "down_s": 15.0}
 
@@ -41,7 +40,7 @@ def timed_cli(*args: str) -> float:
     """Run `llamafleet ARGS` (this Python's), fail loudly if it fails, return its wall time."""
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "llamafleet", *args], capture_output=True, text=True, check=False,
-                          env=os.environ | {"PYTHONPATH": str(ROOT)})
+                          cwd=ROOT)
     elapsed = time.perf_counter() - started
     if proc.returncode != 0:
         sys.exit(f"llamafleet {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")

@@ -10,7 +10,7 @@ Llama-3-70B-shaped Q4_K_M (80 layers, 8 KV heads of 128; tensor sizes
 approximated from its quantisation, not read from a file); ``--model`` plans a
 real GGUF instead, with the facts the GGUF reader gives.
 
-    python benchmarks/plan_demo.py [--model FILE.gguf] [--ctx 8192] [--parallel 2] [--cache-type q8_0]
+    python -m benchmarks.plan_demo [--model FILE.gguf] [--ctx 8192] [--parallel 2] [--cache-type q8_0]
                                    [--policy balanced|even|fewest_hops|fit] [--rtt-ms 2.5] [--json]
 """
 
@@ -22,11 +22,7 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-try:  # the installed library (pip install -e .) ships module_utils as llamafleet.core
-    from llamafleet.core import gguf, llama_flags, split_plan
-except ImportError:  # a bare checkout: module_utils as a package (its files import each other relatively)
-    sys.path.insert(0, ROOT)
-    from plugins.module_utils import gguf, llama_flags, split_plan  # type: ignore[no-redef]
+from llamafleet.core import gguf, llama_flags, split_plan
 
 MIB = 1024 * 1024
 HELP_FIXTURE = os.path.join(ROOT, "tests", "unit", "fixtures", "llamacpp", "llama-server_0c1e570_help_real.txt")

@@ -9,7 +9,7 @@ cores gets from batching the same load. This runs the deploy's own build (the co
 cache) and model with every core and N slots on a unified KV cache, then streams 64-token completions
 from 1 client and from N clients for a fixed time each, and prints tok/s, the ratio, p95 and errors.
 
-    python benchmarks/serving_ceiling.py [--clients 16] [--seconds 60] [--threads 2] [--json FILE]
+    python -m benchmarks.serving_ceiling [--clients 16] [--seconds 60] [--threads 2] [--json FILE]
 
 Needs a CPU build in $LLAMAFLEET_CACHE/artifacts and the model in $LLAMAFLEET_CACHE/models (make e2e-test
 or make demo leaves both).
@@ -30,10 +30,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from llamafleet.bench.measure import stream_completion, sweep  # noqa: E402
-from llamafleet.lab.paths import cache_root  # noqa: E402
+from llamafleet.bench.measure import stream_completion, sweep
+from llamafleet.lab.paths import cache_root
 
 N_PREDICT = 64
 

@@ -9,8 +9,8 @@ and from N clients for a fixed time each, and prints aggregate tok/s, its ratio 
 latency and errors. The deployed default is restored at the end. `--soak` runs one long step instead
 (the 4-worker soak: `--hosts 5 --soak 600`).
 
-    python benchmarks/serving_load.py [--hosts 3] [--clients 16] [--seconds 60] [--slots 1,0] [--json FILE]
-    python benchmarks/serving_load.py --hosts 5 --soak 600 --clients 16 --json soak.json
+    python -m benchmarks.serving_load [--hosts 3] [--clients 16] [--seconds 60] [--slots 1,0] [--json FILE]
+    python -m benchmarks.serving_load --hosts 5 --soak 600 --clients 16 --json soak.json
 
 Needs root and the lab (`llamafleet lab up --hosts N` is run if it is not up). Targets: with the planned
 slots, 16 clients give at least 2x the single client's tok/s with 0 errors; the soak ends with 0 errors.
@@ -28,12 +28,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from llamafleet.bench.measure import stream_completion, sweep  # noqa: E402
-from llamafleet.cluster import Endpoint, read_plan  # noqa: E402
-from llamafleet.fleet import Fleet  # noqa: E402
-from llamafleet.lab.paths import cache_root  # noqa: E402
+from llamafleet.bench.measure import stream_completion, sweep
+from llamafleet.cluster import Endpoint, read_plan
+from llamafleet.fleet import Fleet
+from llamafleet.lab.paths import cache_root
 
 BIN = Path(sys.executable).parent
 INVENTORY = ROOT / "inventories" / "lab" / "hosts.ini"

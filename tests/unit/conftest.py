@@ -1,34 +1,22 @@
-"""Unit-test plumbing: the collection import path, and a tiny GGUF writer for test files.
+"""Unit-test plumbing: a tiny GGUF writer for test files, a C helper, a loopback file server.
 
-Modules and module_utils import each other as
-``ansible_collections.llamafleet.cluster.plugins...``; the checkout links itself
-at collections/ansible_collections/llamafleet/cluster (committed), and this conftest
-puts collections/ on sys.path.
-
-The library's tests live in tests/unit/llamafleet/, mirroring the package; pytest puts
-tests/unit on sys.path, where that directory would pass for a namespace package
-``llamafleet``.  The repository root goes on sys.path too, so that ``import llamafleet``
-finds the real (regular) package, which wins over namespace directories wherever they are.
+The import paths are configuration, not code: pyproject.toml's ``pythonpath`` puts the
+repository root (the ``llamafleet`` package, whose ``core`` is plugins/module_utils) and
+collections/ (the checkout linked as ``ansible_collections.llamafleet.cluster``, the name
+Ansible gives modules and filters) on sys.path.  pytest's rootdir-relative import puts
+tests/unit there too, for the helpers beside this file.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 
+from gguf_testfile import write_gguf
+
 REPO = Path(__file__).resolve().parents[2]
-COLLECTIONS = REPO / "collections"
-for _entry in (str(COLLECTIONS), str(Path(__file__).resolve().parent)):
-    if _entry not in sys.path:
-        sys.path.insert(0, _entry)
-if str(REPO) not in sys.path:
-    sys.path.append(str(REPO))  # last: only the llamafleet package is wanted from there
-
-
-from gguf_testfile import write_gguf  # noqa: E402  (tests/unit is on sys.path, see above)
 
 
 @pytest.fixture
