@@ -23,11 +23,12 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 DEBIAN_PACKAGES := systemd-container debootstrap openssh-client iproute2 ccache curl rsync gcc make git
 
-.PHONY: help demo test deps venv lint sanity unit min-ansible-test lab-test e2e-test long-test partition-test llamacpp-local-test molecule-test bench clean-lab
+.PHONY: help demo test check deps venv lint sanity unit min-ansible-test lab-test e2e-test partition-test llamacpp-local-test molecule-test bench clean-lab
 
 help:
 	@echo "make demo   - real 3-host lab on this machine, deploy, a completion from the distributed cluster"
 	@echo "make test   - unit tests, ansible-lint, ansible-test sanity, lab and end-to-end tests"
+	@echo "make check  - the fast tier of make test: unit tests, lint, sanity (a few minutes)"
 
 deps:
 	@if [ "$$(id -u)" != 0 ]; then echo "make: run as root (the lab creates bridges and containers)"; exit 1; fi
@@ -92,21 +93,15 @@ lab-test: venv
 	@echo "==> lab integration tests (real hosts)"
 	@$(BIN)/pytest -q -m "lab and not e2e" tests/integration/test_lab.py
 
-# --durations: where the suite's time goes, printed at the end of every run.
+# Every end-to-end module, in tests/e2e/conftest.ORDER; it prints the time of each module and the 25 slowest steps.
 e2e-test: venv
-	@echo "==> end-to-end tests: a mixed CPU + Vulkan lab, then deploy.yml on a 3-host CPU lab (compiles the llama.cpp builds the controller has not cached)"
-	@$(BIN)/pytest -q -m "not long" --durations=25 tests/e2e
+	@echo "==> end-to-end tests: a mixed CPU + Vulkan lab, then deploy.yml and the rest on a 3-host CPU lab (compiles the llama.cpp builds the controller has not cached)"
+	@$(BIN)/pytest -q --durations=25 tests/e2e
 
-# The end-to-end module kept out of make test (marked long) while the suite was close to CI's 90 minutes:
-# the benchmark of two llama.cpp builds (every host switched to the other release and back), about 5 minutes warm.
-long-test: venv
-	@echo "==> long end-to-end tests: the two-build benchmark"
-	@$(BIN)/pytest -q -m long --durations=25 tests/e2e
-
-# The 2-minute silent partition of tests/e2e/test_faults.py: run on its own (see the test's note).
+# The 2-minute silent partition of tests/e2e/test_faults.py alone (make test runs it with the other faults).
 partition-test: venv
 	@echo "==> silent partition fault test (3-host lab)"
-	@LLAMAFLEET_PARTITION_TEST=1 $(BIN)/pytest -q -s tests/e2e/test_faults.py -k partition
+	@$(BIN)/pytest -q -s tests/e2e/test_faults.py -k partition
 
 # llama.cpp binaries for the local tests: the controller's artifact cache holds
 # what the deploy built for these hosts, which are Debian 12 like this machine. Only a build of the lab's own
@@ -124,9 +119,18 @@ molecule-test: venv
 	@echo "==> molecule scenarios on lab hosts (delegated driver: create/destroy are lab up/down)"
 	@for s in model rpc_server; do $(BIN)/molecule test -s $$s || exit 1; done
 
+# make test runs these stages in order and prints the time of each as it ends, and a table at the end;
+# make check is its fast tier, for the inner loop.
+TEST_STAGES  := unit lint sanity min-ansible-test lab-test e2e-test llamacpp-local-test molecule-test
+CHECK_STAGES := unit lint sanity
+
 test: venv
-	@$(MAKE) --no-print-directory unit lint sanity min-ansible-test lab-test e2e-test llamacpp-local-test molecule-test
+	@tests/run_stages.sh $(MAKE) $(TEST_STAGES)
 	@echo "==> all tests passed"
+
+check: venv
+	@tests/run_stages.sh $(MAKE) $(CHECK_STAGES)
+	@echo "==> the fast tier passed"
 
 bench: venv
 	@$(BIN)/python benchmarks/lab_speed.py

@@ -1,19 +1,69 @@
-"""A 3-host lab, deployed once for all end-to-end tests, removed afterwards."""
+"""A 3-host lab, deployed once for all end-to-end tests, removed afterwards.
+
+The modules run in the order of ``ORDER`` below, the one place it is written (not their file names): each module
+either only reads the deployed lab or puts it back as it found it, and the order keeps the costly shapes apart
+(the mixed Vulkan lab first, while the CPU lab is still to deploy; teardown last, as it takes the cluster away).
+A module missing from ``ORDER`` fails the collection, so a new one cannot run in an unplanned place.
+It prints the time each module took at the end (setup, calls and teardown together).
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import time
+from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
 from tests.helpers import INVENTORY, cli, playbook
 
+ORDER = [
+    "test_mixed_vulkan.py",      # its own lab shape (lab3, then lab1 too, Vulkan on Debian 13); compiles both builds
+    "test_cli.py",               # the first of the CPU lab's modules: the ``deployed`` fixture deploys bare hosts
+    "test_deploy.py",            # idempotence, check mode, bad input, changes that restore
+    "test_faults.py",            # faults, the 2-minute partition included, on the converged lab
+    "test_fleet_changes.py",
+    "test_host_firewall.py",
+    "test_install_routes.py",    # deploys from a tarball, a clone and a wheel: nothing changes
+    "test_lowest_ansible.py",    # deploy on the lowest ansible-core changes nothing
+    "test_monitoring.py",        # adds Prometheus beside the cluster
+    "test_serving_tls.py",
+    "test_upgrade.py",           # compiles the other llama.cpp release (cached after)
+    "test_weights_local.py",     # reads, and repairs one cache file
+    "test_bench.py",
+    "test_bench_builds.py",      # both releases side by side: after test_upgrade.py has built the other one
+    "test_teardown.py",          # last: takes the cluster away, then deploys it again
+]
 
-def pytest_collection_modifyitems(items):
+_MODULE_SECONDS: dict[str, float] = defaultdict(float)
+
+
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).parent
+    unknown = sorted({item.path.name for item in items if item.path.parent == here and item.path.name not in ORDER})
+    if unknown:
+        raise pytest.UsageError(f"tests/e2e: {', '.join(unknown)} not in conftest.ORDER: add each where it belongs")
+    missing = sorted(name for name in ORDER if not (here / name).is_file())
+    if missing:
+        raise pytest.UsageError(f"tests/e2e/conftest.ORDER names files that do not exist: {', '.join(missing)}")
     for item in items:
         item.add_marker(pytest.mark.e2e)
+    items.sort(key=lambda item: ORDER.index(item.path.name) if item.path.name in ORDER else len(ORDER))
+
+
+def pytest_runtest_logreport(report):
+    _MODULE_SECONDS[report.nodeid.split("::", 1)[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _MODULE_SECONDS:
+        return
+    terminalreporter.section("time per end-to-end module")
+    for name in sorted(_MODULE_SECONDS, key=lambda n: ORDER.index(Path(n).name) if Path(n).name in ORDER else 99):
+        terminalreporter.write_line(f"{_MODULE_SECONDS[name]:8.1f} s  {name}")
+    terminalreporter.write_line(f"{sum(_MODULE_SECONDS.values()):8.1f} s  in all")
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +82,7 @@ def lab():
 def deployed(lab):
     """The 3-host CPU lab deployed (compiles llama.cpp unless the controller's artifact cache has it).
 
-    ``lab up --hosts 3`` first: after test_a_mixed_vulkan.py it boots lab1 and lab3 again as Debian 12 CPU hosts
+    ``lab up --hosts 3`` first: after test_mixed_vulkan.py it boots lab1 and lab3 again as Debian 12 CPU hosts
     (bare hosts, deployed from here); on a lab that already has that shape it changes nothing."""
     started = time.monotonic()
     cli("lab", "up", "--hosts", "3", timeout=1200)

@@ -1,6 +1,6 @@
 """bench.yml end to end on the lab: a small matrix, its report, and the fleet left as it was found.
 
-Runs in file order against the deployed lab: bad input that fails before the cluster is
+Runs in order against the deployed lab: bad input that fails before the cluster is
 touched, a non-lab inventory refused, then 2 worker counts × 2 latencies (1 repetition,
 short generations), every report file written, tok/s lower at the higher latency, and a
 deploy.yml re-run with changed=0 and the cluster serving.

@@ -15,9 +15,6 @@ import pytest
 from llamafleet.cluster import Endpoint
 from tests.helpers import current_builds, playbook
 
-# Outside make test (CI's 90 minutes on 2 cores): make long-test runs it.
-pytestmark = pytest.mark.long
-
 MATRIX = {"bench_worker_counts": [2], "bench_latencies_ms": [0], "bench_repetitions": 2, "bench_n_predict": 16,
           "bench_concurrency": []}
 

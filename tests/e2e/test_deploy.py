@@ -1,6 +1,6 @@
 """deploy.yml end to end on real lab hosts: bare hosts -> one serving cluster.
 
-The tests run in file order against one lab: the first deploy, a completion,
+The tests run in order against one lab: the first deploy, a completion,
 layers on every RPC device as planned, idempotence, check mode, a change that
 restarts only the orchestrator, and bad input that fails before any change.
 """
@@ -10,6 +10,11 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import yaml
@@ -19,7 +24,7 @@ from llamafleet.core import constants
 from llamafleet.core.log_parse import buffers_by_device, compare_with_plan, layer_ranges, parse_load_log
 from llamafleet.lab.artifacts import LLAMA_CPP_ARCHIVE_SUBDIR
 from tests.e2e.bad_models import make_bad_models
-from tests.helpers import INVENTORY, REPO, playbook
+from tests.helpers import INVENTORY, REPO, PlaybookRun, playbook
 
 def main_pids(fleet) -> dict[str, str]:
     """MainPID and start timestamp of the cluster's units on every host."""
@@ -184,58 +189,8 @@ BAD_INPUT = [
 ]
 
 
-def assert_fails_before_any_change(fleet, extra, expected, inventory=INVENTORY):
-    """deploy.yml with ``extra`` fails printing ``expected`` (one string or several), changes and restarts nothing."""
-    before = main_pids(fleet)
-    units_before = fleet.run("sha256sum /etc/systemd/system/llamafleet-*.service")
-    run = playbook("deploy.yml", *extra, inventory=inventory)
-    assert run.rc != 0, run.output[-4000:]
-    for text in [expected] if isinstance(expected, str) else expected:
-        assert text in run.output, run.output[-4000:]
-    assert run.changed == 0, run.output[-4000:]
-    assert main_pids(fleet) == before
-    units_after = fleet.run("sha256sum /etc/systemd/system/llamafleet-*.service")
-    assert {h: r.stdout for h, r in units_after.items()} == {h: r.stdout for h, r in units_before.items()}
-    Endpoint.of(fleet).wait_healthy(timeout=30)
-
-
-@pytest.mark.parametrize(("extra", "expected"), BAD_INPUT)
-def test_bad_input_fails_before_any_change(deployed, fleet, extra, expected):
-    assert_fails_before_any_change(fleet, extra, expected)
-
-
-@pytest.mark.parametrize(("mode", "expected"), [
-    (None, "does not exist"),
-    (0o644, "is readable by everyone (mode 0644): chmod o-rwx it"),
-], ids=["api-key-file-missing", "api-key-file-world-readable"])
-def test_bad_api_key_file_fails_before_any_change(deployed, fleet, tmp_path, mode, expected):
-    key = tmp_path / "llama-server.key"
-    if mode is not None:
-        key.write_text("a-key-given-by-the-user-0123456789\n")
-        key.chmod(mode)
-    assert_fails_before_any_change(fleet, ["-e", f"llama_server_api_key_file={key}"],
-                                   [f"llama_server_api_key_file={key}", expected, "lab1"])
-
-
-@pytest.fixture(scope="module")
-def bad_models(deployed):
-    """tests/e2e/bad_models.py's files on the lab mirror, removed afterwards."""
-    made, written = make_bad_models()
-    yield made
-    for path in written:
-        path.unlink(missing_ok=True)
-
-
-@pytest.mark.parametrize("case", ["html-page", "truncated-gguf", "unknown-architecture"])
-def test_bad_model_file_fails_before_any_change(bad_models, fleet, case):
-    """The model role's preflight reads each file's GGUF header over HTTP ranges (module_utils/fetch.py)."""
-    bad = bad_models[case]
-    assert_fails_before_any_change(fleet, bad.extra_vars(), bad.expected)
-
-
-@pytest.mark.parametrize("missing", [False, True], ids=["empty", "missing"])
-def test_no_workers_fails_before_any_change(deployed, fleet, tmp_path, missing):
-    """The lab inventory with an empty (or no) workers group: only lab1 is left, and preflight refuses."""
+def _without_workers(folder: Path, missing: bool) -> Path:
+    """The lab inventory with an empty (or no) workers group: only lab1 is left."""
     lines, in_workers = [], False
     for line in INVENTORY.read_text().splitlines():
         if line.strip().startswith("["):
@@ -245,11 +200,121 @@ def test_no_workers_fails_before_any_change(deployed, fleet, tmp_path, missing):
         elif in_workers and line.strip() or missing and line.strip() == "llamafleet_workers":
             continue  # the workers' lines, and the group as a child of llamafleet
         lines.append(line)
-    (tmp_path / "hosts.ini").write_text("\n".join(lines) + "\n")
-    shutil.copytree(INVENTORY.parent / "group_vars", tmp_path / "group_vars")
-    assert_fails_before_any_change(
-        fleet, [], "the inventory group llamafleet_workers is %s" % ("missing" if missing else "empty"),
-        inventory=tmp_path / "hosts.ini")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "hosts.ini").write_text("\n".join(lines) + "\n")
+    shutil.copytree(INVENTORY.parent / "group_vars", folder / "group_vars", dirs_exist_ok=True)
+    return folder / "hosts.ini"
+
+
+def _api_key_file(folder: Path, mode: int | None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    key = folder / "llama-server.key"
+    if mode is not None:
+        key.write_text("a-key-given-by-the-user-0123456789\n")
+        key.chmod(mode)
+    return key
+
+
+# Cases of their own beside BAD_INPUT: made on disk by the batch (a tmp folder per case).
+KEY_FILE_CASES = {"api-key-file-missing": (None, "does not exist"),
+                  "api-key-file-world-readable": (0o644, "is readable by everyone (mode 0644): chmod o-rwx it")}
+NO_WORKERS_CASES = {"empty": False, "missing": True}
+BAD_MODEL_CASES = ["html-page", "truncated-gguf", "unknown-architecture"]
+# deploy.yml runs at once on the 2-core controller: each spends most of its time waiting on SSH and the hosts.
+BATCH_WORKERS = 4
+
+
+@dataclass
+class BadRun:
+    """One bad-input deploy.yml of the batch: its run and the strings it must print."""
+
+    run: PlaybookRun
+    expected: tuple[str, ...]
+
+
+@pytest.fixture(scope="module")
+def bad_runs(deployed, fleet, tmp_path_factory) -> dict[str, BadRun]:
+    """Every bad-input case of this module as one batch: deploy.yml runs for all of them, BATCH_WORKERS at a time
+    (each would take ~20 s alone, mostly waiting). Every run must fail and change nothing; that nothing changed is
+    checked on the hosts once around the whole batch (units' main pids and start times, unit files, /health), so
+    a case that changed anything fails them all. Each case's test then asserts its own run."""
+    work = tmp_path_factory.mktemp("bad-input")
+    made, written = make_bad_models()
+    cases: dict[str, tuple[list[str], Path, tuple[str, ...]]] = {}
+    for param in BAD_INPUT:
+        extra, expected = param.values
+        cases[param.id] = (extra, INVENTORY, (expected,) if isinstance(expected, str) else tuple(expected))
+    for case, (mode, expected) in KEY_FILE_CASES.items():
+        key = _api_key_file(work / case, mode)
+        cases[case] = (["-e", f"llama_server_api_key_file={key}"], INVENTORY,
+                       (f"llama_server_api_key_file={key}", expected, "lab1"))
+    for case, missing in NO_WORKERS_CASES.items():
+        cases[f"no-workers-{case}"] = ([], _without_workers(work / case, missing),
+                                       ("the inventory group llamafleet_workers is %s" % ("missing" if missing else "empty"),))
+    for case in BAD_MODEL_CASES:
+        cases[f"model-{case}"] = (made[case].extra_vars(), INVENTORY, tuple(made[case].expected))
+    try:
+        with nothing_changes(fleet), ThreadPoolExecutor(BATCH_WORKERS) as pool:
+            futures = {case: pool.submit(playbook, "deploy.yml", *extra, inventory=inventory)
+                       for case, (extra, inventory, _expected) in cases.items()}
+            runs = {case: BadRun(future.result(), cases[case][2]) for case, future in futures.items()}
+    finally:
+        for path in written:
+            path.unlink(missing_ok=True)
+    return runs
+
+
+@contextmanager
+def nothing_changes(fleet) -> Iterator[None]:
+    """Asserts that what runs inside restarted no unit (main pids and start times), changed no unit file, and that
+    the cluster still serves."""
+    before = main_pids(fleet)
+    units_before = fleet.run("sha256sum /etc/systemd/system/llamafleet-*.service")
+    yield
+    assert main_pids(fleet) == before, "a unit was restarted"
+    units_after = fleet.run("sha256sum /etc/systemd/system/llamafleet-*.service")
+    assert {h: r.stdout for h, r in units_after.items()} == {h: r.stdout for h, r in units_before.items()}
+    Endpoint.of(fleet).wait_healthy(timeout=30)
+
+
+def assert_failed_before_any_change(bad: BadRun) -> None:
+    """The run failed printing every expected string, and its recap shows no change on any host."""
+    run = bad.run
+    assert run.rc != 0, run.output[-4000:]
+    for text in bad.expected:
+        assert text in run.output, run.output[-4000:]
+    assert run.recap, run.output[-4000:]  # the play ran (a recap), it did not die before it started
+    assert run.changed == 0, run.output[-4000:]
+
+
+def assert_fails_before_any_change(fleet, extra, expected, inventory=INVENTORY) -> None:
+    """One bad-input deploy.yml on its own (for modules outside the batch): it fails printing ``expected`` (one
+    string or several) and changes and restarts nothing."""
+    with nothing_changes(fleet):
+        run = playbook("deploy.yml", *extra, inventory=inventory)
+        assert_failed_before_any_change(BadRun(run, (expected,) if isinstance(expected, str) else tuple(expected)))
+
+
+@pytest.mark.parametrize("case", [p.id for p in BAD_INPUT])
+def test_bad_input_fails_before_any_change(bad_runs, case):
+    assert_failed_before_any_change(bad_runs[case])
+
+
+@pytest.mark.parametrize("case", list(KEY_FILE_CASES))
+def test_bad_api_key_file_fails_before_any_change(bad_runs, case):
+    assert_failed_before_any_change(bad_runs[case])
+
+
+@pytest.mark.parametrize("case", BAD_MODEL_CASES)
+def test_bad_model_file_fails_before_any_change(bad_runs, case):
+    """The model role's preflight reads each file's GGUF header over HTTP ranges (module_utils/fetch.py)."""
+    assert_failed_before_any_change(bad_runs[f"model-{case}"])
+
+
+@pytest.mark.parametrize("missing", [False, True], ids=["empty", "missing"])
+def test_no_workers_fails_before_any_change(bad_runs, missing):
+    """The lab inventory with an empty (or no) workers group: only lab1 is left, and preflight refuses."""
+    assert_failed_before_any_change(bad_runs["no-workers-" + ("missing" if missing else "empty")])
 
 
 def test_orchestrator_is_elected_when_the_inventory_pins_none(deployed, tmp_path):

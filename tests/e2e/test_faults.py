@@ -28,7 +28,7 @@ import pytest
 
 from llamafleet.cluster import Endpoint
 from llamafleet.core import constants
-from tests.helpers import REPO, cli, playbook
+from tests.helpers import REPO, cli, invocation, playbook
 
 # What the gate promises (role defaults): an error within the deadline, a restart after a lasting stall.
 DEADLINE = 10.0
@@ -156,6 +156,31 @@ def gate_state(fleet) -> dict:
     return json.loads(res.stdout)
 
 
+def on(fleet, host, command: str) -> str:
+    """Run a fault's ``command`` on ``host`` and assert it worked: a fault that failed to happen fails the test."""
+    res = fleet.run(command, [host])[host.name]
+    assert res.ok, f"{host.name}: {command}: {res.error or res.stderr}"
+    return res.stdout
+
+
+def killed(fleet, host, unit: str):
+    """A fault that SIGKILLs ``unit`` on ``host``, and a check that it took effect: systemd started the unit again
+    (its InvocationID changed) and the process that served before is gone."""
+    before = invocation(fleet, host.name, unit)
+    pid = on(fleet, host, f"systemctl show -p MainPID --value {unit}").strip()
+    assert before and pid not in ("", "0"), (host.name, unit, before, pid)
+
+    def inject() -> None:
+        on(fleet, host, f"systemctl kill -s KILL {unit}")
+
+    def took_effect() -> None:
+        after = invocation(fleet, host.name, unit)
+        assert after and after != before, f"{host.name}: {unit} was not restarted (InvocationID {before} -> {after})"
+        assert not fleet.run(f"kill -0 {pid}", [host])[host.name].ok, f"{host.name}: pid {pid} of {unit} still runs"
+
+    return inject, took_effect
+
+
 def run_fault(fleet, endpoint: Endpoint, name: str, inject, heal=None, lasting: float = 0.0) -> dict:
     with Load(endpoint) as load:
         time.sleep(3)
@@ -193,15 +218,20 @@ def test_sixteen_clients_all_get_answers(fleet, endpoint):
 
 def test_rpc_server_killed(fleet, endpoint):
     worker = fleet.workers[0]
-    row = run_fault(fleet, endpoint, "rpc-server kill -9",
-                    lambda: fleet.run("systemctl kill -s KILL llamafleet-rpc-server.service", [worker]))
+    inject, took_effect = killed(fleet, worker, constants.RPC_SERVER_UNIT)
+    row = run_fault(fleet, endpoint, "rpc-server kill -9", inject)
+    took_effect()
     assert row["lost"] >= 1  # llama-server aborts on a lost worker: the gate must have answered in between
+    assert row["fast_error_s"] is not None and row["fast_error_s"] <= DEADLINE, row
 
 
 def test_llama_server_killed(fleet, endpoint):
     orch = fleet.orchestrator
-    run_fault(fleet, endpoint, "llama-server kill -9",
-              lambda: fleet.run(f"systemctl kill -s KILL {constants.LLAMA_SERVER_UNIT}", [orch]))
+    inject, took_effect = killed(fleet, orch, constants.LLAMA_SERVER_UNIT)
+    row = run_fault(fleet, endpoint, "llama-server kill -9", inject)
+    took_effect()
+    # clients saw it: the gate answered 503 (with its reason) while llama-server restarted and loaded
+    assert row["lost"] >= 1 and row["fast_error_s"] is not None and row["fast_error_s"] <= DEADLINE, row
 
 
 def _partition_rules(orch_address: str) -> str:
@@ -212,12 +242,6 @@ def _partition_rules(orch_address: str) -> str:
             f"nft add rule inet lf_fault output ip daddr {orch_address} drop")
 
 
-# Runs when asked (make partition-test), not in make test: two of its runs found a gap in the gate's stall
-# detection (a partition beginning while llama-server waited for an answer, then one beginning in the middle of an
-# answer); both are fixed (the gate pings the host of any quiet link) and test_worker_frozen_while_llama_server_
-# waits_for_it covers that path in make test, but a third unknown shape would fail CI at random.
-@pytest.mark.skipif(os.environ.get("LLAMAFLEET_PARTITION_TEST") != "1",
-                    reason="4 minutes and timing-dependent: run with LLAMAFLEET_PARTITION_TEST=1 (make partition-test)")
 def test_worker_silently_partitioned_for_two_minutes(fleet, endpoint):
     """Drop rules on the worker, both ways, no reset: llama-server blocks, the gate answers 503 within its
     deadline, restarts llama-server after 30 s; when the partition ends, the worker's guard frees rpc-server
@@ -225,14 +249,15 @@ def test_worker_silently_partitioned_for_two_minutes(fleet, endpoint):
     worker = fleet.workers[-1]
     orch = fleet.orchestrator
     fleet.run("nft delete table inet lf_fault", [worker])  # a leftover of an interrupted run
+    restarts = gate_state(fleet)["restarts"]
     try:
         row = run_fault(fleet, endpoint, "silent partition 2 min",
-                        lambda: fleet.run(_partition_rules(orch.cluster_address), [worker]),
-                        lambda: fleet.run("nft delete table inet lf_fault", [worker]), lasting=PARTITION_SECONDS)
+                        lambda: on(fleet, worker, _partition_rules(orch.cluster_address)),
+                        lambda: on(fleet, worker, "nft delete table inet lf_fault"), lasting=PARTITION_SECONDS)
     finally:
         fleet.run("nft delete table inet lf_fault", [worker])
     assert row["fast_error_s"] is not None and row["fast_error_s"] <= DEADLINE, row
-    assert gate_state(fleet)["restarts"] >= 1
+    assert gate_state(fleet)["restarts"] > restarts  # the stall was seen and llama-server restarted
 
 
 def test_worker_frozen_while_llama_server_waits_for_it(fleet, endpoint):
@@ -252,8 +277,10 @@ def test_worker_frozen_while_llama_server_waits_for_it(fleet, endpoint):
     since = fleet.run("date +%s", [orch])[orch.name].stdout.strip()
     try:
         row = run_fault(fleet, endpoint, "worker frozen, host silent to ping, 45 s",
-                        lambda: fleet.run(f"{drop_ping} && systemctl kill -s STOP {unit}", [worker]),
-                        lambda: fleet.run(f"systemctl kill -s CONT {unit}; nft delete table inet lf_fault", [worker]),
+                        # the process is stopped (state T) once the kill returns, or the fault failed
+                        lambda: on(fleet, worker, f"{drop_ping} && systemctl kill -s STOP {unit} && sleep 0.2 && "
+                                   f"ps -o stat= -p $(systemctl show -p MainPID --value {unit}) | grep -q T"),
+                        lambda: on(fleet, worker, f"systemctl kill -s CONT {unit} && nft delete table inet lf_fault"),
                         lasting=45)
     finally:
         fleet.run(f"systemctl kill -s CONT {unit}; nft delete table inet lf_fault", [worker])
@@ -264,12 +291,34 @@ def test_worker_frozen_while_llama_server_waits_for_it(fleet, endpoint):
         journal[-3000:]
 
 
+def _reachable(host) -> bool:
+    """Whether ``host`` accepts a TCP connection on its SSH port."""
+    import socket
+
+    try:
+        with socket.create_connection((host.address, host.port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
 def test_worker_host_stopped_and_started(fleet, endpoint):
     worker = fleet.workers[-1]
+    unit = constants.RPC_SERVER_UNIT
+    before = invocation(fleet, worker.name, unit)
+    down: list[bool] = []
+
+    def stop() -> None:
+        cli("lab", "stop", worker.name, timeout=120)
+        down.append(not _reachable(worker))
+
     try:
-        run_fault(fleet, endpoint, "worker host powered off 30 s",
-                  lambda: cli("lab", "stop", worker.name, timeout=120),
-                  lambda: cli("lab", "start", worker.name, timeout=300), lasting=30)
+        row = run_fault(fleet, endpoint, "worker host powered off 30 s", stop,
+                        lambda: cli("lab", "start", worker.name, timeout=300), lasting=30)
+        assert down == [True], f"{worker.name} still answered on port {worker.port} after lab stop"
+        after = invocation(fleet, worker.name, unit)
+        assert after and after != before, f"{worker.name}: rpc-server is not a new start ({before} -> {after})"
+        assert row["lost"] >= 1 and row["fast_error_s"] is not None and row["fast_error_s"] <= DEADLINE, row
     finally:
         if cli("lab", "status", check=False).returncode != 0:
             cli("lab", "up", "--hosts", "3", timeout=1200)
@@ -286,15 +335,20 @@ def test_worker_disk_full(fleet, endpoint):
             "dd if=/dev/zero of=/run/lf-full/.filler bs=64k 2>/dev/null || true; "
             "mount --bind /run/lf-full $d; df -k $d | tail -1")
     empty = f"umount -l {cache} || true; umount -l /run/lf-full || true"
+    inject, took_effect = killed(fleet, worker, constants.RPC_SERVER_UNIT)
     filled = fleet.run(fill, [worker])[worker.name]
-    assert filled.ok, filled.stderr
-    assert filled.stdout.split()[3] == "0", filled.stdout  # no space left
     try:
-        row = run_fault(fleet, endpoint, "worker disk full, rpc-server restarted",
-                        lambda: fleet.run("systemctl kill -s KILL llamafleet-rpc-server.service", [worker]))
+        assert filled.ok, filled.stderr
+        assert filled.stdout.split()[3] == "0", filled.stdout  # no space left
+        row = run_fault(fleet, endpoint, "worker disk full, rpc-server restarted", inject)
+        took_effect()
+        # still full while rpc-server started again and the cluster served from it
+        still = on(fleet, worker, f"df -k {cache} | tail -1").split()
+        assert still[3] == "0", still
     finally:
         fleet.run(empty, [worker])
     assert row["serving_again_s"] is not None
+    assert row["lost"] >= 1 and row["fast_error_s"] is not None and row["fast_error_s"] <= DEADLINE, row
 
 
 def _llama_server_rpc(fleet) -> str:

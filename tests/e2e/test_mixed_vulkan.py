@@ -1,6 +1,6 @@
 """A mixed-backend fleet for real: lab3 becomes a Vulkan worker (Debian 13, Mesa's lavapipe) beside the CPU hosts.
 
-Runs first (its name sorts before the other modules'): ``lab up --vulkan lab3`` boots lab3 again from the Debian 13
+Runs first (tests/e2e/conftest.ORDER): ``lab up --vulkan lab3`` boots lab3 again from the Debian 13
 image, and deploy.yml takes the fleet from there. Two build groups compile (or take the controller's cached
 artifact): the CPU build of lab1 and lab2 (Debian 12) and the Vulkan build of lab3 (Debian 13). On a machine with
 an empty cache the two compiles run side by side (about 16 minutes on 2 cores, against 10 + 13 one after the other),

@@ -1,6 +1,6 @@
 """Zero weight transfer on the deployed lab: workers' caches seeded from their own GGUF.
 
-Runs after test_deploy.py (file order) against the same deployed cluster.
+Runs after test_deploy.py (tests/e2e/conftest.ORDER) against the same deployed cluster.
 """
 
 from __future__ import annotations
