@@ -55,6 +55,11 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_runtest_logreport(report):
     _MODULE_SECONDS[report.nodeid.split("::", 1)[0]] += report.duration
+    progress = os.environ.get("LLAMAFLEET_E2E_PROGRESS")  # a file that gets one line per step as it ends
+    if progress:
+        with open(progress, "a", encoding="utf-8") as handle:
+            handle.write(f"{time.strftime('%H:%M:%S')} {report.duration:7.1f} s {report.when:8} {report.outcome:7} "
+                         f"{report.nodeid}\n")
 
 
 def pytest_terminal_summary(terminalreporter):
