@@ -22,8 +22,9 @@ import string
 import sys
 from dataclasses import dataclass
 
-# A tensor goes through rpc-server's hash cache when it is larger than this (ggml-rpc.cpp).
-RPC_HASH_THRESHOLD = 10 * 1024 * 1024
+# A tensor goes through rpc-server's hash cache when it is larger than RPC_HASH_THRESHOLD (ggml-rpc.cpp).
+from llamafleet.core.constants import RPC_HASH_THRESHOLD
+
 _SPACE = "\u2581"  # SentencePiece's word-boundary marker
 
 

@@ -54,14 +54,6 @@ class LabPaths:
         return cls(cache_root())
 
     @property
-    def src_dir(self) -> Path:
-        return self.root / "src"
-
-    @property
-    def models_dir(self) -> Path:
-        return self.root / "models"
-
-    @property
     def mirror_dir(self) -> Path:
         return self.root / "mirror"
 

@@ -61,8 +61,6 @@ LLAMA_SERVER_PORT = 8080
 # llama_server_backend_port); clients reach it through the gate on LLAMA_SERVER_PORT.
 LLAMA_SERVER_BACKEND_PORT = 18080
 RPC_SERVER_PORT = 50052
-# bench.yml's first proxy port on the orchestrator's loopback (role default bench_proxy_port).
-BENCH_PROXY_PORT = 50300
 # Debian's prometheus and prometheus-node-exporter listen here by default (role defaults
 # monitoring_prometheus_port and monitoring_node_exporter_port).
 PROMETHEUS_PORT = 9090
@@ -104,17 +102,24 @@ RPC_FIREWALL_TABLE = "inet llamafleet_rpc"
 # the rpc_server role added there (JSON), so it can remove them, and the comment its ufw rules carry.
 HOST_FIREWALL_STATE = CONFIG_DIR + "/host-firewall.json"
 HOST_FIREWALL_COMMENT = "llamafleet-rpc"
-# The RPC HELLO client (module_utils/rpc_proto.py run as a script) and its wrapper, the
-# llama-server unit's ExecStartPre: ``llamafleet-rpc-wait [--timeout S] HOST:PORT ...``.
+# The module_utils files that run on the hosts (stdlib only) are installed as the package HOST_PACKAGE
+# in LIBEXEC_DIR, the HOST_SCRIPTS of it, and run as modules: HOST_PYTHON + [module, arguments...].
+# So they import each other relatively there as they do here (rpc_metrics uses serving_gate's parsers).
 LIBEXEC_DIR = "/usr/local/libexec/llamafleet"
+HOST_PACKAGE = "llamafleet_host"
+HOST_PACKAGE_DIR = LIBEXEC_DIR + "/" + HOST_PACKAGE
+HOST_SCRIPTS = ("serving_gate.py", "rpc_proto.py", "rpc_metrics.py")
+HOST_PYTHON = ("/usr/bin/env", "PYTHONPATH=" + LIBEXEC_DIR, "/usr/bin/python3", "-m")
 # The gate's configuration (JSON, written by the llama_server role) and its program.
 GATE_CONFIG_PATH = CONFIG_DIR + "/gate.json"
-GATE_SCRIPT = LIBEXEC_DIR + "/serving_gate.py"
+GATE_MODULE = HOST_PACKAGE + ".serving_gate"
+# The RPC HELLO client (module_utils/rpc_proto.py) and its wrapper, the llama-server unit's
+# ExecStartPre: ``llamafleet-rpc-wait [--timeout S] HOST:PORT ...``.
 RPC_WAIT_HELPER = "/usr/local/libexec/llamafleet-rpc-wait"
 # The RPC HELLO client itself (the gate probes a lost worker with it, ``--timeout S HOST:PORT``).
-RPC_PROBE_SCRIPT = LIBEXEC_DIR + "/rpc_proto.py"
-# The workers' textfile metrics writer (module_utils/rpc_metrics.py; it imports serving_gate.py beside it).
-RPC_METRICS_SCRIPT = LIBEXEC_DIR + "/rpc_metrics.py"
+RPC_PROBE_MODULE = HOST_PACKAGE + ".rpc_proto"
+# The workers' textfile metrics writer (module_utils/rpc_metrics.py; it imports serving_gate's parsers).
+RPC_METRICS_MODULE = HOST_PACKAGE + ".rpc_metrics"
 # node_exporter's textfile collector directory in Debian's prometheus-node-exporter (role defaults
 # rpc_server_textfile_dir and monitoring_node_exporter_textfile_dir), and the file the workers write there.
 NODE_EXPORTER_TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
@@ -143,8 +148,6 @@ RPC_SERVER_BINARIES = ("ggml-rpc-server", "rpc-server", "llama-rpc-server")
 # are announced by hash first.  The build reads the real value from the source it compiled; this
 # is only the fallback when nothing was recorded.
 RPC_HASH_THRESHOLD = 10 * 1024 * 1024
-# RPC protocol major version of llama.cpp 0c1e570 (ggml-rpc.h); the build records its own.
-RPC_PROTO_MAJOR = 7
 
 # Devices a single llama-server can address besides the CPU (GGML_SCHED_MAX_BACKENDS - 1).
 MAX_DEVICES = 15

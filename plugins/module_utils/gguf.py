@@ -167,14 +167,6 @@ class TensorInfo:
         """The ggml type's name, e.g. ``Q4_K``."""
         return GGML_TYPES[self.ggml_type][0]
 
-    @property
-    def n_elements(self) -> int:
-        """Number of elements (product of the shape)."""
-        count = 1
-        for dim in self.shape:
-            count *= dim
-        return count
-
 
 @dataclass
 class GGUFFile:

@@ -44,7 +44,6 @@ PROTOCOL = "tcp"
 STATE_VERSION = 1
 # firewalld keeps two configurations: the running one and the one loaded at start and on --reload.
 FIREWALLD_LAYERS = ("runtime", "permanent")
-UFW_LAYERS = ("ufw",)
 ANY_ADDRESSES = ("", "0.0.0.0", "::")
 
 

@@ -33,8 +33,9 @@ duration is not among them: the worker sees llama-server connect (the load begin
 marks its end (rpc-server logs no more per client without ``GGML_RPC_DEBUG``), so it is left out
 rather than guessed. The time since the client connected is exported instead.
 
-Stdlib only. Shipped to the workers beside ``serving_gate.py`` (whose ``ss`` parsers and atomic
-write it uses) and run as ``python3 rpc_metrics.py --output FILE [--cache-dir DIR] ADDRESS:PORT=UNIT ...``.
+Stdlib only. Shipped to the workers in the host package beside ``serving_gate.py`` (whose ``ss`` parsers
+and atomic write it uses; constants.HOST_PACKAGE) and run as a module:
+``python3 -m llamafleet_host.rpc_metrics --output FILE [--cache-dir DIR] ADDRESS:PORT=UNIT ...``.
 """
 
 from __future__ import annotations
@@ -46,12 +47,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-try:
-    from .serving_gate import (SS_ESTABLISHED, SS_LISTENERS, command_output, established_on, parse_listeners,
-                               parse_ss, render_exposition, write_text_atomic)
-except ImportError:  # run as a script: serving_gate.py lies beside it (sys.path[0]), the rpc_server role installs both
-    from serving_gate import (SS_ESTABLISHED, SS_LISTENERS, command_output, established_on,  # type: ignore[no-redef]
-                              parse_listeners, parse_ss, render_exposition, write_text_atomic)
+from .serving_gate import (SS_ESTABLISHED, SS_LISTENERS, command_output, established_on, parse_listeners, parse_ss,
+                           render_exposition, write_text_atomic)
 
 # The lines rpc-server prints (stdout, flushed) when it accepts a client and when that client goes (ggml-rpc.cpp).
 ACCEPTED = "Accepted client connection"

@@ -73,7 +73,6 @@ DEFAULT_POLL_INTERVAL = 1.0
 DEFAULT_CANARY_INTERVAL = 30.0
 DEFAULT_CANARY_DEADLINE = 60.0
 DEFAULT_RESTART_GRACE = 15.0
-DEFAULT_STATE_FILE = "/run/llamafleet/gate-state.json"
 DEFAULT_MAX_CONNECTIONS = 256
 # Degraded mode: seconds down before the gate serves without a lost worker, seconds between HELLO probes of
 # the workers while it decides (or of the lost one while degraded), answers in a row that bring the full plan back.
@@ -109,7 +108,6 @@ STATES = (SERVING, LOADING, DOWN)
 ACTION_NONE = "none"
 ACTION_RESTART = "restart"
 
-HEALTH_PATHS = ("/health", "/v1/health")
 # The gate's own metrics, answered by the gate in every state (with the API key when one is set).
 GATE_METRICS_PATH = "/llamafleet/metrics"
 # /metrics counters that move whenever llama-server makes progress (n_decode_total: every llama_decode call).
@@ -181,7 +179,8 @@ class Config:
     canary_interval: float = DEFAULT_CANARY_INTERVAL
     canary_deadline: float = DEFAULT_CANARY_DEADLINE
     restart_grace: float = DEFAULT_RESTART_GRACE
-    state_file: str = DEFAULT_STATE_FILE
+    # where the gate writes its state (JSON); none without one (the role names constants.GATE_STATE_PATH)
+    state_file: str | None = None
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     degrade: Degrade | None = None
 
@@ -324,7 +323,7 @@ def load_config(raw: dict[str, Any]) -> Config:
         degrade=_degrade(raw.get("degrade"), [worker.host for worker in workers]),
         listen_host=str(_text(raw, "listen_host", DEFAULT_LISTEN_HOST)),
         upstream_host=str(_text(raw, "upstream_host", DEFAULT_UPSTREAM_HOST)),
-        state_file=str(_text(raw, "state_file", DEFAULT_STATE_FILE)), max_connections=max_connections,
+        state_file=_text(raw, "state_file", None), max_connections=max_connections,
         **paths, **numbers)
 
 
@@ -573,11 +572,6 @@ class ChunkDecoder:
 def retry_after(state: str) -> int:
     """The Retry-After seconds for a 503 in ``state``."""
     return RETRY_AFTER.get(state, RETRY_AFTER[DOWN])
-
-
-def health_path(req: RequestHead) -> bool:
-    """True for ``GET``/``HEAD`` ``/health`` or ``/v1/health``."""
-    return req.method in ("GET", "HEAD") and req.path in HEALTH_PATHS
 
 
 def admission(state: str, req: RequestHead) -> bool:
@@ -1928,7 +1922,9 @@ class Watchdog:
                                                             self.gate.in_flight, self.restarts, degraded, self.load))
 
     def write_state(self) -> None:
-        """Write the snapshot atomically (temp file + rename) to state_file."""
+        """Write the snapshot atomically (temp file + rename) to state_file, when there is one."""
+        if self.cfg.state_file is None:
+            return
         try:
             write_json_atomic(self.cfg.state_file, self.snapshot())
             self._error("state_file", None)

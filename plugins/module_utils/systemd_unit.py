@@ -35,8 +35,8 @@ from __future__ import annotations
 import re
 from typing import Mapping, Sequence
 
-from .constants import (DEGRADED_PLANS_DIR, GATE_CONFIG_PATH, GATE_RUNTIME_DIR, GATE_SCRIPT, LLAMA_SERVER_UNIT,
-                        LLAMA_SERVER_USER, MACOS_UNSUPPORTED, PLAN_DROPIN_PATH, PLAN_REQUEST_PATH, PLAN_SWITCH_UNIT,
+from .constants import (DEGRADED_PLANS_DIR, GATE_CONFIG_PATH, GATE_RUNTIME_DIR, GATE_MODULE, HOST_PYTHON,
+                        LLAMA_SERVER_UNIT, LLAMA_SERVER_USER, MACOS_UNSUPPORTED, PLAN_DROPIN_PATH, PLAN_REQUEST_PATH, PLAN_SWITCH_UNIT,
                         RPC_CACHE_SUBDIR, RPC_FIREWALL_UNIT, RPC_SERVER_HOME, RPC_SERVER_USER)
 
 # Seconds a live client may wait behind a dead one before the worker's guard restarts rpc-server
@@ -243,13 +243,13 @@ def render_exec_dropin(argv: Sequence[str], exec_start_pre: Sequence[Sequence[st
     return "\n".join(lines)
 
 
-def render_plan_switch_units(python: str = "/usr/bin/python3", script: str = GATE_SCRIPT,
+def render_plan_switch_units(python: Sequence[str] = HOST_PYTHON, module: str = GATE_MODULE,
                              header: str = "") -> tuple[str, str]:
     """The root service that puts the plan the gate asks for in place, and the path unit that starts it when
     the request changes: (service text, path text). The service may write only the runtime drop-in folder
     and talks to systemd over its private socket (no network)."""
     head = [line if line.startswith(("#", ";")) or not line.strip() else "# " + line for line in header.splitlines()]
-    argv = [python, script, "switch", "--request", PLAN_REQUEST_PATH, "--plans", DEGRADED_PLANS_DIR,
+    argv = [*python, module, "switch", "--request", PLAN_REQUEST_PATH, "--plans", DEGRADED_PLANS_DIR,
             "--dropin", PLAN_DROPIN_PATH, "--unit", LLAMA_SERVER_UNIT]
     service = head + [
         "# Puts the llama-server plan the serving gate asks for in place (llama_server_degrade).",
@@ -292,9 +292,9 @@ def render_rpc_server_unit(argv: Sequence[str], backend: str, port: int, user: s
         restart="always", restart_sec=2, backend=backend)
 
 
-def render_gate_unit(python: str = "/usr/bin/python3", script: str = GATE_SCRIPT, config: str = GATE_CONFIG_PATH,
+def render_gate_unit(python: Sequence[str] = HOST_PYTHON, module: str = GATE_MODULE, config: str = GATE_CONFIG_PATH,
                      user: str = LLAMA_SERVER_USER, header: str = "") -> str:
-    """The unit of the orchestrator's serving gate (module_utils/serving_gate.py run by ``python``).
+    """The unit of the orchestrator's serving gate (module_utils/serving_gate.py run as ``python`` + module).
 
     It runs as llama-server's own user, so it may signal llama-server (its
     only restart action: systemd brings llama-server back), reads the API key
@@ -302,7 +302,7 @@ def render_gate_unit(python: str = "/usr/bin/python3", script: str = GATE_SCRIPT
     nothing but its state under /run, and restarts always.
     """
     return render_systemd_unit(
-        [python, script, "--config", config], header=header,
+        [*python, module, "--config", config], header=header,
         description="llamafleet serving gate and watchdog in front of llama-server",
         user=user, after=["network-online.target", LLAMA_SERVER_UNIT], restart="always", restart_sec=2,
         backend="cpu", runtime_directory=GATE_RUNTIME_DIR,
@@ -310,13 +310,13 @@ def render_gate_unit(python: str = "/usr/bin/python3", script: str = GATE_SCRIPT
                   "while the cluster cannot serve."])
 
 
-def render_rpc_guard_unit(servers: Mapping[int, str], stale: int = GUARD_STALE, python: str = "/usr/bin/python3",
-                          script: str = GATE_SCRIPT, user: str = RPC_SERVER_USER, header: str = "") -> str:
+def render_rpc_guard_unit(servers: Mapping[int, str], stale: int = GUARD_STALE, python: Sequence[str] = HOST_PYTHON,
+                          module: str = GATE_MODULE, user: str = RPC_SERVER_USER, header: str = "") -> str:
     """The unit of a worker's rpc-server guard (``serving_gate.py guard``), watching each rpc-server
     port of ``servers`` (port -> unit). It runs as rpc-server's own user, so it may signal it."""
     if not servers:
         raise UnitError("the guard needs at least one rpc-server (port -> unit)")
-    argv = [python, script, "guard", "--stale", str(int(stale))]
+    argv = [*python, module, "guard", "--stale", str(int(stale))]
     argv += ["%d=%s" % (int(port), unit) for port, unit in sorted(servers.items())]
     return render_systemd_unit(
         argv, header=header, description="llamafleet guard of the rpc-server worker(s)", user=user,

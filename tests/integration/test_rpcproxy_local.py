@@ -37,14 +37,8 @@ from pathlib import Path
 import pytest
 
 from llamafleet.bench import measure
-from llamafleet.bench.rpcproxy import (
-    Cmd,
-    RpcClient,
-    added_delay_ms,
-    delayed_commands,
-    measure_round_trip,
-    set_tensor_payload,
-)
+from llamafleet.bench.rpcproxy import Cmd, delayed_commands
+from tests.rpc_client import RpcClient, added_delay_ms, measure_round_trip, set_tensor_payload
 from tests.integration import test_llamacpp_local as local
 
 pytestmark = pytest.mark.skipif(local.RPC_SERVER is None, reason=local.pytestmark.kwargs["reason"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -154,13 +155,43 @@ def test_the_dashboard_is_provisionable() -> None:
     assert targets and all(t["datasource"] == {"type": "prometheus", "uid": "${datasource}"} for t in targets)
 
 
-def test_the_writer_is_installed_beside_the_gate_script() -> None:
-    """rpc_metrics.py imports serving_gate.py from its own folder: the rpc_server role installs both there."""
-    assert os.path.dirname(c.RPC_METRICS_SCRIPT) == os.path.dirname(c.GATE_SCRIPT) == c.LIBEXEC_DIR
-    install = _yaml(REPO / "roles" / "rpc_server" / "tasks" / "install.yml")
-    gate = [t for t in install if "gate_script" in str(t.get("ansible.builtin.copy", {}).get("dest", ""))]
-    assert len(gate) == 1 and "when" not in gate[0]
-    assert gate[0]["ansible.builtin.copy"]["src"].endswith("plugins/module_utils/serving_gate.py")
+def _copies(path: Path) -> dict[str, str]:
+    """dest -> src of the copy tasks of a task file (blocks included)."""
+    tasks = _yaml(path)
+    tasks = tasks + [t for block in tasks for t in block.get("block", [])]
+    return {t["ansible.builtin.copy"]["dest"]: t["ansible.builtin.copy"].get("src", "")
+            for t in tasks if "ansible.builtin.copy" in t}
+
+
+@pytest.mark.parametrize("tasks, scripts", [
+    ("rpc_server/tasks/install.yml", ["__init__.py", "serving_gate.py"]),
+    ("rpc_server/tasks/textfile_metrics.yml", ["rpc_metrics.py"]),
+    ("llama_server/tasks/install.yml", ["__init__.py", "rpc_proto.py", "serving_gate.py"]),
+])
+def test_the_roles_install_the_host_scripts_in_the_host_package(tasks: str, scripts: list[str]) -> None:
+    """rpc_metrics.py imports serving_gate relatively: both go to the host package (HOST_PACKAGE_DIR)."""
+    package = "{{ lookup('llamafleet.cluster.constants', 'host_package_dir') }}/"
+    copies = {dest[len(package):]: src for dest, src in _copies(REPO / "roles" / tasks).items() if dest.startswith(package)}
+    assert sorted(copies) == scripts
+    assert set(scripts) - {"__init__.py"} <= set(c.HOST_SCRIPTS)
+    assert all(src.endswith("plugins/module_utils/" + name) for name, src in copies.items() if name != "__init__.py")
+
+
+def test_the_host_package_runs_without_the_library(tmp_path: Path) -> None:
+    """HOST_SCRIPTS copied alone into a package, as the roles do, run as modules with HOST_PYTHON's Python path."""
+    package = tmp_path / c.HOST_PACKAGE
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name in c.HOST_SCRIPTS:
+        shutil.copy(REPO / "plugins" / "module_utils" / name, package / name)
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(tmp_path)}
+    for module, args, rc, says in [(c.RPC_METRICS_MODULE, ["--help"], 0, "usage"), (c.GATE_MODULE, ["--help"], 0, "usage"),
+                                   (c.RPC_PROBE_MODULE, ["--timeout", "1", "127.0.0.1:9"], 1, "did not answer HELLO")]:
+        done = subprocess.run([sys.executable, "-s", "-m", module, *args], env=env,
+                              capture_output=True, text=True, check=False, cwd=tmp_path.parent)
+        assert done.returncode == rc and says in (done.stdout + done.stderr), (module, done.stdout, done.stderr)
+    assert c.HOST_PYTHON[-1] == "-m" and "PYTHONPATH=%s" % c.LIBEXEC_DIR in c.HOST_PYTHON
+    assert c.HOST_PACKAGE_DIR == "%s/%s" % (c.LIBEXEC_DIR, c.HOST_PACKAGE)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -278,11 +309,12 @@ def _service(text: str) -> tuple[list[str], list[str]]:
 
 def test_the_metrics_writer_runs_for_every_rpc_server(rendered: Path) -> None:
     argv, _lines = _service((rendered / "rpc-metrics.service").read_text())
-    assert argv[:2] == ["/usr/bin/python3", c.RPC_METRICS_SCRIPT]
-    options = dict(zip(argv[2::2], argv[3::2]))
+    start = len(c.HOST_PYTHON) + 1
+    assert argv[:start] == [*c.HOST_PYTHON, c.RPC_METRICS_MODULE]
+    options = dict(zip(argv[start::2], argv[start + 1::2]))
     assert options["--output"] == "%s/%s" % (c.NODE_EXPORTER_TEXTFILE_DIR, c.RPC_METRICS_FILE)
     assert options["--cache-dir"] == c.rpc_cache_dir()
-    assert [rm.parse_server(a) for a in argv[6:]] == [rm.Server(c.RPC_SERVER_UNIT, "10.77.0.12", c.RPC_SERVER_PORT)]
+    assert [rm.parse_server(a) for a in argv[start + 4:]] == [rm.Server(c.RPC_SERVER_UNIT, "10.77.0.12", c.RPC_SERVER_PORT)]
 
 
 def test_the_metrics_writer_is_hardened_like_rpc_server(rendered: Path) -> None:

@@ -22,13 +22,12 @@ from llamafleet.bench.rpcproxy import (
     Cmd,
     FrameParser,
     HelloReplyFilter,
-    RpcClient,
     RpcProxy,
-    measure_round_trip,
     parse_address,
     reply_size,
     request_frame,
 )
+from tests.rpc_client import RpcClient, measure_round_trip
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "rpc"
 REPO = Path(__file__).resolve().parents[4]

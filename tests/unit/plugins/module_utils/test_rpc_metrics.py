@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from llamafleet.core import rpc_metrics as rm
+from llamafleet.core.constants import HOST_PACKAGE, RPC_METRICS_MODULE
 from llamafleet.core.rpc_cache import CACHE_NAME as CACHE_NAME_OF_RPC_CACHE
 
 MODULE_UTILS = Path(rm.__file__).resolve().parent
@@ -303,13 +304,14 @@ def test_main_reports_an_unwritable_output(tmp_path: Path, capsys) -> None:
 
 
 def test_runs_as_installed_beside_the_gate(tmp_path: Path) -> None:
-    """Copied alone with serving_gate.py (as the rpc_server role installs them) and run by python3 as a script, with
-    ss, systemctl and journalctl that answer as recorded, it writes the file."""
+    """Copied alone with serving_gate.py into the host package (as the rpc_server role installs them) and run by
+    python3 as a module, with ss, systemctl and journalctl that answer as recorded, it writes the file."""
     libexec, bin_dir = tmp_path / "libexec", tmp_path / "bin"
-    libexec.mkdir()
+    (libexec / HOST_PACKAGE).mkdir(parents=True)
     bin_dir.mkdir()
+    (libexec / HOST_PACKAGE / "__init__.py").write_text("")
     for name in ("rpc_metrics.py", "serving_gate.py"):
-        shutil.copy(MODULE_UTILS / name, libexec / name)
+        shutil.copy(MODULE_UTILS / name, libexec / HOST_PACKAGE / name)
     answers = {
         "ss": 'case "$*" in -ltnH) cat %s;; *) cat %s;; esac' % (
             FIXTURES / "ss_ltnH_rpc-server_serving_real.txt", FIXTURES / "ss_tnH_established_rpc-server_serving_real.txt"),
@@ -320,8 +322,9 @@ def test_runs_as_installed_beside_the_gate(tmp_path: Path) -> None:
         (bin_dir / name).write_text("#!/bin/sh\n%s\n" % body)
         (bin_dir / name).chmod(0o755)
     out = tmp_path / "textfile" / "llamafleet_rpc.prom"
-    env = dict(os.environ, PATH="%s:%s" % (bin_dir, os.environ.get("PATH", "")), PYTHONDONTWRITEBYTECODE="1")
-    proc = subprocess.run([sys.executable, str(libexec / "rpc_metrics.py"), "--output", str(out),
+    env = dict(os.environ, PATH="%s:%s" % (bin_dir, os.environ.get("PATH", "")), PYTHONDONTWRITEBYTECODE="1",
+               PYTHONPATH=str(libexec))
+    proc = subprocess.run([sys.executable, "-s", "-m", RPC_METRICS_MODULE, "--output", str(out),
                            "127.0.0.1:50391=llamafleet-rpc-server.service"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr

@@ -427,7 +427,7 @@ def test_load_config_defaults() -> None:
     cfg = load_config(dict(RAW))
     assert cfg.workers == (Worker("lab2", "10.77.0.12", 50052),)
     assert (cfg.listen_host, cfg.upstream_host) == ("0.0.0.0", "127.0.0.1")
-    assert cfg.state_file == "/run/llamafleet/gate-state.json"
+    assert cfg.state_file is None  # no state file unless the config names one (the role: GATE_STATE_PATH)
     assert (cfg.deadline, cfg.request_timeout, cfg.stall_seconds, cfg.poll_interval, cfg.canary_interval,
             cfg.canary_deadline, cfg.restart_grace, cfg.max_connections) == (10, 600, 4, 1, 30, 60, 15, 256)
     assert (cfg.api_key_file, cfg.tls_cert, cfg.tls_key) == (None, None, None)

@@ -15,7 +15,8 @@ import pytest
 from llamafleet.core.constants import (
     GATE_CONFIG_PATH,
     GATE_RUNTIME_DIR,
-    GATE_SCRIPT,
+    GATE_MODULE,
+    HOST_PYTHON,
     GATE_UNIT,
     LLAMA_SERVER_UNIT,
     RPC_FIREWALL_UNIT,
@@ -346,7 +347,7 @@ def test_gate_unit_runs_the_gate_as_llama_servers_user_with_a_runtime_folder() -
     assert ("Service", "Restart", "always") in found
     assert ("Unit", "After", "network-online.target " + LLAMA_SERVER_UNIT) in found
     (start,) = [value for section, key, value in found if key == "ExecStart"]
-    assert start.split() == ["/usr/bin/python3", GATE_SCRIPT, "--config", GATE_CONFIG_PATH]
+    assert start.split() == [*HOST_PYTHON, GATE_MODULE, "--config", GATE_CONFIG_PATH]
     # no device at all: the CPU policy
     assert not [node for nodes in NODES.values() for node in nodes if reachable(unit, node)]
     assert unit.startswith("# managed\n")
@@ -363,7 +364,7 @@ def test_runtime_directory_is_one_folder_name(name: str) -> None:
 
 @pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="no systemd-analyze")
 def test_gate_unit_verifies_and_scores_like_the_cpu_units(tmp_path: Path) -> None:
-    text = render_gate_unit(python="/bin/true")
+    text = render_gate_unit(python=["/bin/true"])
     unit = tmp_path / GATE_UNIT
     unit.write_text(text)
     done = subprocess.run([SYSTEMD_ANALYZE, "verify", "--man=no", str(unit)], capture_output=True, text=True,
@@ -380,7 +381,7 @@ def test_rpc_guard_unit_watches_every_rpc_server_of_the_host() -> None:
     found = directives(unit)
     (start,) = [value for section, key, value in found if key == "ExecStart"]
     assert shlex.split(start.replace("\\\n", " ")) == [
-        "/usr/bin/python3", GATE_SCRIPT, "guard", "--stale", "25",
+        *HOST_PYTHON, GATE_MODULE, "guard", "--stale", "25",
         "50052=llamafleet-rpc-server-vulkan0.service", "50053=llamafleet-rpc-server-vulkan1.service"]
     assert ("Service", "User", "rpcu") in found and ("Service", "Restart", "always") in found
     assert not [node for nodes in NODES.values() for node in nodes if reachable(unit, node)]
@@ -403,7 +404,7 @@ def test_plan_switch_units() -> None:
     # not ordered after llama-server: its start job may wait for a lost worker, and the switch's job would wait
     assert not [value for section, key, value in found if key in ("After", "Requires", "BindsTo")]
     (start,) = [value for section, key, value in found if key == "ExecStart"]
-    assert start.split() == ["/usr/bin/python3", constants.GATE_SCRIPT, "switch", "--request",
+    assert start.split() == [*constants.HOST_PYTHON, constants.GATE_MODULE, "switch", "--request",
                              constants.PLAN_REQUEST_PATH, "--plans", constants.DEGRADED_PLANS_DIR, "--dropin",
                              constants.PLAN_DROPIN_PATH, "--unit", LLAMA_SERVER_UNIT]
     assert ("Path", "PathChanged", constants.PLAN_REQUEST_PATH) in directives(path)
