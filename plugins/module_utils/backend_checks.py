@@ -28,7 +28,8 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Iterable, Mapping, Optional
 
-from .constants import GROUP_BACKEND_PREFIX, LLAMACPP_BACKENDS, MACOS_UNSUPPORTED
+from .backends import BACKENDS, LINUX_BACKENDS
+from .constants import GROUP_BACKEND_PREFIX, MACOS_UNSUPPORTED
 from .gpu_probe import ReadText, Runner, Which
 
 Exists = Callable[[str], bool]                              # path -> whether it exists
@@ -46,7 +47,7 @@ AMD_VENDOR = "0x1002"
 PCI_VENDORS = {"0x1002": "AMD", "0x10de": "NVIDIA", "0x8086": "Intel", "0x1a03": "ASPEED", "0x1af4": "virtio",
                "0x1234": "QEMU", "0x15ad": "VMware", "0x102b": "Matrox"}
 # The backends a served host can use (metal needs macOS, see MACOS_UNSUPPORTED).
-SERVED_BACKENDS = tuple(b for b in LLAMACPP_BACKENDS if b != "metal")
+SERVED_BACKENDS = LINUX_BACKENDS
 
 
 def parse_ldconfig(text: str, soname: str) -> str | None:
@@ -117,47 +118,50 @@ def _vendor_names(vendors: Iterable[str]) -> str:
     return ", ".join("%s (%s)" % (PCI_VENDORS.get(v, "unknown vendor"), v) for v in vendors)
 
 
-# What each GPU backend needs, and how to get it, for the message.
-_NEEDS = {
-    "cuda": ("the NVIDIA driver", "Install the NVIDIA driver (and the CUDA toolkit on build hosts)"),
-    "vulkan": ("a Vulkan loader", "Install the Vulkan loader and a Vulkan driver (Debian: libvulkan1 and "
-                                  "mesa-vulkan-drivers or the GPU vendor's)"),
-    "rocm": ("an AMD GPU with ROCm", "Install ROCm on a host with an AMD GPU"),
-}
-
-
-def _missing(backend: str, facts: Mapping[str, Any]) -> list[str]:
-    """What the host lacks for ``backend``, one phrase each (empty: nothing)."""
+def _cuda_lacks(facts: Mapping[str, Any]) -> list[str]:
     missing = []
-    if backend == "cuda":
-        if not facts.get("nvidia_driver"):
-            missing.append("no NVIDIA kernel driver (%s is missing)" % NVIDIA_DRIVER_FILE)
-        if not facts.get("nvidia_smi"):
-            missing.append("no nvidia-smi on the PATH")
-    elif backend == "vulkan":
-        if not facts.get("vulkan_loader"):
-            missing.append("no %s (neither in ldconfig -p nor in %s)"
-                           % (VULKAN_LOADER, ", ".join(VULKAN_LOADER_DIRS)))
-    elif backend == "rocm":
-        vendors = list(facts.get("gpu_vendors") or [])
-        if not facts.get("kfd"):
-            missing.append("no %s (the amdgpu kernel driver is not loaded)" % KFD)
-        if vendors and AMD_VENDOR not in vendors:
-            missing.append("GPUs of %s, none of AMD (%s)" % (_vendor_names(vendors), AMD_VENDOR))
+    if not facts.get("nvidia_driver"):
+        missing.append("no NVIDIA kernel driver (%s is missing)" % NVIDIA_DRIVER_FILE)
+    if not facts.get("nvidia_smi"):
+        missing.append("no nvidia-smi on the PATH")
     return missing
+
+
+def _vulkan_lacks(facts: Mapping[str, Any]) -> list[str]:
+    if facts.get("vulkan_loader"):
+        return []
+    return ["no %s (neither in ldconfig -p nor in %s)" % (VULKAN_LOADER, ", ".join(VULKAN_LOADER_DIRS))]
+
+
+def _rocm_lacks(facts: Mapping[str, Any]) -> list[str]:
+    missing = []
+    vendors = list(facts.get("gpu_vendors") or [])
+    if not facts.get("kfd"):
+        missing.append("no %s (the amdgpu kernel driver is not loaded)" % KFD)
+    if vendors and AMD_VENDOR not in vendors:
+        missing.append("GPUs of %s, none of AMD (%s)" % (_vendor_names(vendors), AMD_VENDOR))
+    return missing
+
+
+# What a host lacks for each backend that needs something (module_utils/backends.py says what it needs and how
+# to get it, for the message), one phrase each (empty: nothing).
+_LACKS: dict[str, Callable[[Mapping[str, Any]], list[str]]] = {
+    "cuda": _cuda_lacks,
+    "vulkan": _vulkan_lacks,
+    "rocm": _rocm_lacks,
+}
 
 
 def host_problem(backend: str, facts: Mapping[str, Any]) -> str | None:
     """Why this host (``facts`` from :func:`probe_backend_facts`) cannot run ``backend``; None when it can."""
-    if backend == "metal":
-        return ("%s=metal builds for macOS: %s. Choose one of %s."
-                % (VARIABLE, MACOS_UNSUPPORTED, ", ".join(SERVED_BACKENDS)))
-    missing = _missing(backend, facts)
+    if backend in BACKENDS and not BACKENDS[backend].linux:
+        return ("%s=%s builds for macOS: %s. Choose one of %s."
+                % (VARIABLE, backend, MACOS_UNSUPPORTED, ", ".join(SERVED_BACKENDS)))
+    missing = _LACKS[backend](facts) if backend in _LACKS else []
     if not missing:
         return None
-    need, fix = _NEEDS[backend]
     return ("%s=%s needs %s, and this host has %s. %s, or choose another backend."
-            % (VARIABLE, backend, need, " and ".join(missing), fix))
+            % (VARIABLE, backend, BACKENDS[backend].needs, " and ".join(missing), BACKENDS[backend].fix))
 
 
 def backend_problem(backend: str, facts: Mapping[str, Any], group_names: Iterable[str] = ()) -> str | None:
@@ -166,6 +170,6 @@ def backend_problem(backend: str, facts: Mapping[str, Any], group_names: Iterabl
     Checked in order: the backend is known, the host's backend groups agree
     with it (:func:`group_problem`), the host can run it (:func:`host_problem`).
     """
-    if backend not in LLAMACPP_BACKENDS:
+    if backend not in BACKENDS:
         return "%s=%s is not a known backend; choose one of %s." % (VARIABLE, backend, ", ".join(SERVED_BACKENDS))
     return group_problem(backend, group_names) or host_problem(backend, facts)

@@ -14,6 +14,8 @@ the two drift apart.
 
 from __future__ import annotations
 
+from .backends import BACKENDS as _BACKENDS, build_packages as _build_packages, user_groups as _user_groups
+
 # Inventory groups.
 GROUP_FLEET = "llamafleet"
 GROUP_ORCHESTRATOR = "llamafleet_orchestrator"
@@ -78,8 +80,12 @@ RPC_CACHE_SUBDIR = "cache"
 LLAMACPP_ROOT = "/opt/llamafleet/llama.cpp"
 MODEL_DIR = "/var/lib/llamafleet/models"
 # llama.cpp backends the llamacpp_build role knows (role default llamacpp_build_backend: cpu); its preflight
-# refuses metal (macOS, see MACOS_UNSUPPORTED).
-LLAMACPP_BACKENDS = ("cpu", "cuda", "vulkan", "metal", "rocm")
+# refuses metal (macOS, see MACOS_UNSUPPORTED). Each is described once, in module_utils/backends.py.
+LLAMACPP_BACKENDS = tuple(_BACKENDS)
+# For the roles, from that table: the service user's groups per backend (roles/_common/tasks/user.yml), and the
+# build packages per OS family and backend (roles/llamacpp_build/tasks/packages.yml).
+BACKEND_USER_GROUPS = _user_groups()
+BACKEND_BUILD_PACKAGES = _build_packages()
 
 # Files the roles write and the CLI reads.
 SYSTEMD_DIR = "/etc/systemd/system"

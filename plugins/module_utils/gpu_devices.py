@@ -33,22 +33,19 @@ import fnmatch
 import re
 from typing import Any, Iterable, Mapping, Sequence
 
+from .backends import BACKENDS as _BUILT
+
 MIB = 1024 * 1024
 
-BACKENDS = ("cuda", "rocm", "vulkan", "metal", "cpu", "musa", "sycl", "other")
+# Devices llama.cpp may report: of the backends llamafleet builds (module_utils/backends.py), and of those an
+# rpc-server of another build may list.
+_LISTED_ONLY = {"musa": "MUSA", "sycl": "SYCL"}
+BACKENDS = tuple(_BUILT) + tuple(_LISTED_ONLY) + ("other",)
 
 # llama.cpp's device-name prefix for each backend (ggml/include/ggml-cuda.h:
 # GGML_CUDA_NAME is "CUDA", "ROCm" for HIP builds and "MUSA"; ggml-vulkan.h:
 # GGML_VK_NAME "Vulkan"; ggml-metal-device.m: "MTL%d"; the CPU device is "CPU").
-GGML_PREFIX = {
-    "cuda": "CUDA",
-    "rocm": "ROCm",
-    "musa": "MUSA",
-    "vulkan": "Vulkan",
-    "metal": "MTL",
-    "sycl": "SYCL",
-    "cpu": "CPU",
-}
+GGML_PREFIX = {**{name: b.ggml_prefix for name, b in _BUILT.items()}, **_LISTED_ONLY}
 _PREFIX_TO_BACKEND = {prefix.lower(): backend for backend, prefix in GGML_PREFIX.items()}
 
 # Device names of ggml "ACCEL" devices (BLAS and similar CPU helpers): rpc-server

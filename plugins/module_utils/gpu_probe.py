@@ -37,7 +37,6 @@ from .gpu_parsers import (
     parse_vulkaninfo_summary,
 )
 
-PROBE_BACKENDS = ("cuda", "rocm", "vulkan", "cpu")
 RPC_PROBE_DEVICE = "__llamafleet_probe__"
 
 # (typing.List/Tuple/Optional: these aliases are evaluated at import, also on older target Pythons)
@@ -123,32 +122,9 @@ def collect_devices(run: Runner, which: Which, read_text: ReadText,
     if unknown:
         raise ParseError("unknown backends %s; choose from auto, %s" % (", ".join(unknown), ", ".join(PROBE_BACKENDS)))
     probe = _Probe(run, which, read_text)
-
-    if "cuda" in wanted:
-        out = probe.tool("nvidia-smi", ["--query-gpu=" + NVIDIA_SMI_QUERY, "--format=csv,noheader,nounits"])
-        if out is not None:
-            probe.devices += probe.parse("nvidia-smi", parse_nvidia_smi_csv, out)
-    if "rocm" in wanted:
-        static = probe.tool("amd-smi", ["static", "--json"])
-        if static is not None:
-            metric = probe.tool("amd-smi", ["metric", "--json"], optional=True)
-            probe.devices += probe.parse("amd-smi", parse_amd_smi_json, static, metric)
-        elif probe.tools.get("amd-smi") == "missing":
-            out = probe.tool("rocm-smi", ["--showmeminfo", "vram", "--showproductname", "--json"])
-            if out is not None:
-                probe.devices += probe.parse("rocm-smi", parse_rocm_smi_json, out)
-    if "vulkan" in wanted:
-        summary = probe.tool("vulkaninfo", ["--summary"])
-        if summary is not None:
-            visible = parse_vk_visible_devices((environ or {}).get("GGML_VK_VISIBLE_DEVICES"))
-            found = probe.parse("vulkaninfo", parse_vulkaninfo_summary, summary, visible)
-            if found:
-                full = probe.tool("vulkaninfo", [], optional=True)
-                if full is not None:
-                    found = merge_vulkan(found, parse_vulkaninfo_heaps(full))
-            probe.devices += found
-    if "cpu" in wanted:
-        probe.devices += _cpu_device(probe)
+    for backend in PROBE_BACKENDS:
+        if backend in wanted:
+            probe.devices += _PROBES[backend](probe, environ or {})
 
     for dev in probe.devices:
         if "ggml_name" not in dev and dev["backend"] in GGML_PREFIX:
@@ -169,7 +145,37 @@ def collect_devices(run: Runner, which: Which, read_text: ReadText,
             "warnings": probe.warnings, "errors": probe.errors}
 
 
-def _cpu_device(probe: _Probe) -> list[dict[str, Any]]:
+def _cuda_devices(probe: _Probe, environ: Mapping[str, str]) -> list[dict[str, Any]]:
+    out = probe.tool("nvidia-smi", ["--query-gpu=" + NVIDIA_SMI_QUERY, "--format=csv,noheader,nounits"])
+    return probe.parse("nvidia-smi", parse_nvidia_smi_csv, out) if out is not None else []
+
+
+def _rocm_devices(probe: _Probe, environ: Mapping[str, str]) -> list[dict[str, Any]]:
+    static = probe.tool("amd-smi", ["static", "--json"])
+    if static is not None:
+        metric = probe.tool("amd-smi", ["metric", "--json"], optional=True)
+        return probe.parse("amd-smi", parse_amd_smi_json, static, metric)
+    if probe.tools.get("amd-smi") == "missing":
+        out = probe.tool("rocm-smi", ["--showmeminfo", "vram", "--showproductname", "--json"])
+        if out is not None:
+            return probe.parse("rocm-smi", parse_rocm_smi_json, out)
+    return []
+
+
+def _vulkan_devices(probe: _Probe, environ: Mapping[str, str]) -> list[dict[str, Any]]:
+    summary = probe.tool("vulkaninfo", ["--summary"])
+    if summary is None:
+        return []
+    visible = parse_vk_visible_devices(environ.get("GGML_VK_VISIBLE_DEVICES"))
+    found = probe.parse("vulkaninfo", parse_vulkaninfo_summary, summary, visible)
+    if found:
+        full = probe.tool("vulkaninfo", [], optional=True)
+        if full is not None:
+            found = merge_vulkan(found, parse_vulkaninfo_heaps(full))
+    return found
+
+
+def _cpu_devices(probe: _Probe, environ: Mapping[str, str]) -> list[dict[str, Any]]:
     meminfo = probe.read_text("/proc/meminfo")
     if meminfo is None:
         probe.errors.append("/proc/meminfo is not readable")
@@ -194,3 +200,14 @@ def _rpc_listing(probe: _Probe, rpc_server: str) -> list[dict[str, Any]]:
         return []
     probe.tools["rpc-server"] = "ok"
     return listed
+
+
+# How the devices of each backend a Linux host serves (module_utils/backends.py) are found, in probing order: the
+# native tools before vulkaninfo (which sees the same GPUs), the CPU last.
+_PROBES: dict[str, Callable[[_Probe, Mapping[str, str]], list[dict[str, Any]]]] = {
+    "cuda": _cuda_devices,
+    "rocm": _rocm_devices,
+    "vulkan": _vulkan_devices,
+    "cpu": _cpu_devices,
+}
+PROBE_BACKENDS = tuple(_PROBES)

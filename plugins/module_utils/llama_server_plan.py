@@ -17,6 +17,7 @@ import re
 import tempfile
 from typing import Any
 
+from .backends import BACKENDS
 from .gguf import GGUFError, model_facts
 from .llama_flags import FlagError, render_llama_server_argv
 from .constants import PLAN_SWITCH_UNIT
@@ -165,6 +166,16 @@ def _render_parts(module: Any, plan: dict) -> tuple[list[str], list[list[str]], 
     return argv, pre, comments
 
 
+def unit_environment(devices: list, given: dict) -> dict:
+    """llama-server's environment: ``given``, and what the backend of each local device in the plan sets
+    (module_utils/backends.py, such as cuda's CUDA_DEVICE_ORDER) where ``given`` does not."""
+    environment = dict(given)
+    for backend in sorted({d["backend"] for d in devices if d["local"]} & set(BACKENDS)):
+        for name, value in BACKENDS[backend].unit_environment.items():
+            environment.setdefault(name, value)
+    return environment
+
+
 def _render(module: Any, plan: dict) -> tuple[list[str], str]:
     params = module.params
     server = params["server"]
@@ -174,9 +185,7 @@ def _render(module: Any, plan: dict) -> tuple[list[str], str]:
     if home and home not in read_write:
         read_write.insert(0, home)
     argv, pre, comments = _render_parts(module, plan)
-    environment = dict(unit_opts["environment"])
-    if any(d["local"] and d["backend"] == "cuda" for d in plan["devices"]):
-        environment.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    environment = unit_environment(plan["devices"], unit_opts["environment"])
     try:
         unit = render_systemd_unit(
             argv, header=params["unit_header"], description=unit_opts["description"],

@@ -27,7 +27,7 @@ import hashlib
 import json
 from typing import Any, Mapping
 
-from .constants import LLAMACPP_BACKENDS
+from .backends import BACKENDS
 
 # GGML_RPC is always on; the rest keeps the artifact small and static.
 BASE_CMAKE = (
@@ -39,14 +39,8 @@ BASE_CMAKE = (
     "-DLLAMA_BUILD_EXAMPLES=OFF",
 )
 
-# The switch that turns each backend on.
-BACKEND_CMAKE = {
-    "cpu": (),
-    "cuda": ("-DGGML_CUDA=ON",),
-    "vulkan": ("-DGGML_VULKAN=ON",),
-    "metal": ("-DGGML_METAL=ON",),
-    "rocm": ("-DGGML_HIP=ON",),
-}
+# The switch that turns each backend on (module_utils/backends.py).
+BACKEND_CMAKE = {name: b.cmake for name, b in BACKENDS.items()}
 
 CCACHE_CMAKE = ("-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache")
 
@@ -78,7 +72,7 @@ def _settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     merged = dict(SETTINGS, **settings)
     if merged["backend"] not in BACKEND_CMAKE:
         raise BuildSettingsError("llamacpp_build_backend=%r is not one of %s"
-                                 % (merged["backend"], ", ".join(LLAMACPP_BACKENDS)))
+                                 % (merged["backend"], ", ".join(BACKENDS)))
     if merged["source_type"] not in ("git", "archive"):
         raise BuildSettingsError("llamacpp_build_source_type=%r is not git or archive" % (merged["source_type"],))
     if isinstance(merged["cmake_args"], (str, bytes)) or not all(isinstance(a, str) for a in merged["cmake_args"]):
@@ -177,10 +171,9 @@ def cmake_args(settings: Mapping[str, Any]) -> list[str]:
     s = _settings(settings)
     args = list(BASE_CMAKE) + list(BACKEND_CMAKE[s["backend"]])
     args.append("-DGGML_NATIVE=ON" if s["native"] else "-DGGML_NATIVE=OFF")
-    if s["backend"] == "cuda" and s["cuda_architectures"]:
-        args.append("-DCMAKE_CUDA_ARCHITECTURES=%s" % s["cuda_architectures"])
-    if s["backend"] == "rocm" and s["rocm_targets"]:
-        args.append("-DAMDGPU_TARGETS=%s" % s["rocm_targets"])
+    targets = BACKENDS[s["backend"]].gpu_targets
+    if targets and s[targets[0]]:
+        args.append("-D%s=%s" % (targets[1], s[targets[0]]))
     if s["ccache"]:
         args.extend(CCACHE_CMAKE)
     return args + list(s["cmake_args"])

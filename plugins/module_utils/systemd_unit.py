@@ -35,6 +35,7 @@ from __future__ import annotations
 import re
 from typing import Mapping, Sequence
 
+from .backends import BACKENDS, LINUX_BACKENDS
 from .constants import (DEGRADED_PLANS_DIR, GATE_CONFIG_PATH, GATE_RUNTIME_DIR, GATE_MODULE, HOST_PYTHON,
                         LLAMA_SERVER_UNIT, LLAMA_SERVER_USER, MACOS_UNSUPPORTED, PLAN_DROPIN_PATH, PLAN_REQUEST_PATH, PLAN_SWITCH_UNIT,
                         RPC_CACHE_SUBDIR, RPC_FIREWALL_UNIT, RPC_SERVER_HOME, RPC_SERVER_USER)
@@ -49,17 +50,9 @@ class UnitError(FlagError):
     """A unit cannot be rendered as asked (a FlagError, so callers of both catch one class)."""
 
 
-# The device nodes each Linux backend's llama.cpp opens (globs; for the unit's comment and the tests).
-# NVIDIA's Vulkan driver uses NVIDIA's nodes, Mesa's Vulkan drivers /dev/dri.
-_NVIDIA_NODES = ("/dev/nvidiactl", "/dev/nvidia[0-9]*", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
-                 "/dev/nvidia-modeset")
-_DRI_NODES = ("/dev/dri/card*", "/dev/dri/renderD*")
-BACKEND_DEVICE_NODES: dict[str, tuple[str, ...]] = {
-    "cpu": (),
-    "cuda": _NVIDIA_NODES,
-    "rocm": ("/dev/kfd",) + _DRI_NODES,
-    "vulkan": _DRI_NODES + _NVIDIA_NODES,
-}
+# The device nodes each Linux backend's llama.cpp opens (globs; for the unit's comment and the tests), from
+# module_utils/backends.py.
+BACKEND_DEVICE_NODES: dict[str, tuple[str, ...]] = {name: BACKENDS[name].device_nodes for name in LINUX_BACKENDS}
 # Directives that close the device policy (see the module docstring): only for backends without device nodes.
 CLOSED_DEVICE_POLICY = ("PrivateDevices=yes", "ProtectClock=yes")
 
@@ -71,9 +64,9 @@ def device_policy(backend: str | None) -> list[str]:
     backend, or None (backend not known), keeps every device reachable and
     says so in a comment. ``metal`` and unknown backends raise UnitError.
     """
-    if backend == "metal":
-        raise UnitError("backend 'metal' builds run on macOS, which has no systemd: there is no unit to render; "
-                        + MACOS_UNSUPPORTED)
+    if backend in BACKENDS and not BACKENDS[backend].linux:
+        raise UnitError("backend %r builds run on macOS, which has no systemd: there is no unit to render; %s"
+                        % (backend, MACOS_UNSUPPORTED))
     if backend is not None and backend not in BACKEND_DEVICE_NODES:
         raise UnitError("backend %r has no systemd device policy; expected one of %s"
                         % (backend, ", ".join(sorted(BACKEND_DEVICE_NODES))))
