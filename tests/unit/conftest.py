@@ -15,8 +15,19 @@ from typing import Any, Callable, Iterator, Sequence
 import pytest
 
 from gguf_testfile import write_gguf
+from needs import require
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "needs(present, what): a test that needs what this machine may lack "
+                                       "(needs.py: skipped without it, failed under CI=true)")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("needs"):
+        require(*mark.args)
 
 
 @pytest.fixture
@@ -36,8 +47,7 @@ def fnv_helper(tmp_path_factory: pytest.TempPathFactory) -> str:
     import subprocess
 
     compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("no C compiler to build llamafleet-fnv1a64")
+    require(compiler, "a C compiler (cc or gcc) to build llamafleet-fnv1a64")
     out = tmp_path_factory.mktemp("fnv") / "llamafleet-fnv1a64"
     source = REPO / "roles" / "llamacpp_build" / "files" / "llamafleet-fnv1a64.c"
     subprocess.run([compiler, "-O2", "-Wall", "-Werror", "-pthread", "-o", str(out), str(source)], check=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shlex
 import socket
 import subprocess
@@ -16,6 +17,7 @@ from llamafleet.core import constants
 from llamafleet.errors import UserError
 from llamafleet.fleet import (Fleet, GroupResult, Host, RunResult, _ssh_option, group_members, known_hosts_files,
                               tool)
+from needs import needs, require
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -58,7 +60,7 @@ def _has_ansible_inventory() -> bool:
         return False
 
 
-@pytest.mark.skipif(not _has_ansible_inventory(), reason="ansible-inventory is not installed here")
+@needs(_has_ansible_inventory(), "ansible-inventory (ansible-core)")
 def test_from_inventory_reads_what_ansible_inventory_resolves(lab_inventory):
     """Ansible's API on the recorded inventory's source gives the hosts, groups and values ansible-inventory gave."""
     live = Fleet.from_inventory(FIXTURES / "inventory_lab3" / "hosts.ini")
@@ -308,7 +310,9 @@ class SSHServer:
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
     """Two host keys (the server's and another of the same type) and a client key with its file."""
-    paramiko = pytest.importorskip("paramiko")
+    require(importlib.util.find_spec("paramiko"), "the Python package paramiko")
+    import paramiko
+
     client = paramiko.ECDSAKey.generate()
     key_file = tmp_path_factory.mktemp("ssh") / "id_ecdsa"
     client.write_private_key_file(str(key_file))

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("gguf")
-pytest.importorskip("numpy")
+from llamafleet.core.gguf import model_facts, read_gguf
+from needs import require
+
+# synth writes with the gguf and numpy packages (pyproject's bench extra, in requirements/lock.txt)
+require(all(importlib.util.find_spec(name) for name in ("gguf", "numpy")), "the Python packages gguf and numpy")
 
 from llamafleet.bench import synth  # noqa: E402
-from llamafleet.core.gguf import model_facts, read_gguf  # noqa: E402
 
 SMALL = synth.SynthSpec(layers=2, hidden=64, ffn=160, heads=4, kv_heads=2, context=256, seed=3)
 

@@ -18,6 +18,7 @@ from llamafleet.core.gguf import (
     shard_paths,
     tensor_nbytes,
 )
+from needs import needs
 
 GEMMA = Path("/var/cache/llamafleet/models/gemma-3-270m-q4_k_m.gguf")
 F32, F16, Q8_0, Q4_K, Q6_K, BF16, IQ4_XS = 0, 1, 8, 12, 14, 30, 23
@@ -404,7 +405,7 @@ def test_model_facts_split_model(tmp_path: Path) -> None:
         assert split_facts[key] == whole_facts[key], key
 
 
-needs_gemma = pytest.mark.skipif(not GEMMA.is_file(), reason="real model %s not present" % GEMMA)
+needs_gemma = needs(GEMMA.is_file(), "the lab model %s" % GEMMA)
 
 
 @needs_gemma

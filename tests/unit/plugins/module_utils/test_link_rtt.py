@@ -11,6 +11,7 @@ from llamafleet.core.link_rtt import (
     ping_ms,
     summarize,
 )
+from needs import needs
 
 ROOT = os.geteuid() == 0
 
@@ -20,14 +21,14 @@ def test_summary_is_the_median_and_counts_losses() -> None:
     assert summarize([], 3) == {"rtt_ms": None, "min_ms": None, "max_ms": None, "lost": 3}
 
 
-@pytest.mark.skipif(not ROOT, reason="a raw ICMP socket needs root")
+@needs(ROOT, "root (a raw ICMP socket)")
 def test_real_echoes_to_the_loopback() -> None:
     samples = ping_ms("127.0.0.1", count=4, timeout=1.0, interval=0)
     assert len(samples) == 4
     assert all(0 < s < 50 for s in samples)
 
 
-@pytest.mark.skipif(not ROOT, reason="a raw ICMP socket needs root")
+@needs(ROOT, "root (a raw ICMP socket)")
 def test_endpoints_get_their_host_figure_and_an_unanswering_host_none() -> None:
     # 198.51.100.7 (TEST-NET-2) is never assigned: its echoes go unanswered (or fail to route)
     endpoints = [{"host": "a", "address": "127.0.0.1", "port": 1}, {"host": "a", "address": "127.0.0.1", "port": 2},

@@ -19,6 +19,7 @@ from llamafleet.core.llamacpp_source import (
 from ansible_collections.llamafleet.cluster.plugins.modules import llamacpp_source_facts
 from llamafleet.lab.artifacts import LLAMA_CPP_ARCHIVE_SUBDIR, LLAMA_CPP_SOURCE
 from module_runner import run_main
+from needs import needs
 
 # Excerpts of llama.cpp 0c1e570 (vendored in llama-cpp-python 0.3.36).
 CPP_0C1E570 = """\
@@ -116,7 +117,7 @@ def _lab_sdist() -> Path | None:
     return path if path.is_file() else None
 
 
-@pytest.mark.skipif(_lab_sdist() is None, reason="no lab llama.cpp source in $LLAMAFLEET_CACHE/src")
+@needs(_lab_sdist() is not None, "the lab's llama.cpp source in $LLAMAFLEET_CACHE/src")
 def test_the_lab_source(tmp_path: Path) -> None:
     """llama.cpp 0c1e570, as the lab builds it: 10 MiB and protocol 7 (what the e2e tests expect)."""
     wanted = {"%s/%s" % (LLAMA_CPP_ARCHIVE_SUBDIR, name) for name in ("CMakeLists.txt", RPC_SOURCE, RPC_HEADER)}

@@ -20,6 +20,7 @@ from llamafleet.core.rpc_cache import (
     model_hashes,
     seed_cache,
 )
+from needs import needs
 
 F32, F16 = 0, 1
 THRESHOLD = 1000
@@ -291,7 +292,7 @@ def test_unknown_owner(model: Path, tmp_path: Path) -> None:
         _seed(model, tmp_path / "cache", group="no-such-group-here")
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="changing owners needs root")
+@needs(os.geteuid() == 0, "root (changing owners)")
 def test_owner_and_group(model: Path, tmp_path: Path, fnv_helper: str) -> None:
     cache = tmp_path / "cache"
     _seed(model, cache, helper=fnv_helper, owner="65534", group="65534")

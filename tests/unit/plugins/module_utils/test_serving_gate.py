@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib.util
 import json
 import os
 import re
@@ -47,6 +48,7 @@ from llamafleet.core.serving_gate import (
     running_workers,
     worker_links,
 )
+from needs import require
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "ss"
 STALLED_REAL = (FIXTURES / "ss_tinHO_established_stalled_iproute2-6.1.0_real.txt").read_text()
@@ -233,8 +235,7 @@ print(asyncio.run(main()))
 def test_icmp_echo_on_real_sockets(groups: str, expected: str) -> None:
     """In a private network namespace with ``ping_group_range`` set: loopback answers, an address of
     TEST-NET-1 (RFC 5737) never does, and without the permission the probe says it cannot tell."""
-    if shutil.which("unshare") is None or os.geteuid() != 0:
-        pytest.skip("needs root and unshare for a private network namespace")
+    require(shutil.which("unshare") is not None and os.geteuid() == 0, "root and unshare (a private network namespace)")
     shell = "ip link set lo up && echo '%s' > /proc/sys/net/ipv4/ping_group_range && exec \"$0\" -c \"$1\" \"$2\""
     out = subprocess.run(["unshare", "-n", "sh", "-c", shell % groups, sys.executable, ECHO_PROGRAM, sg.__file__],
                          capture_output=True, text=True, timeout=30, check=True).stdout
@@ -975,7 +976,7 @@ def test_connection_limit() -> None:
 
 
 def test_tls(tmp_path: Path) -> None:
-    pytest.importorskip("cryptography")
+    require(importlib.util.find_spec("cryptography"), "the Python package cryptography")
     from tests.helpers import self_signed_pair
 
     cert, key = self_signed_pair("localhost")
@@ -1165,8 +1166,7 @@ def test_guard_sees_a_client_waiting_behind_a_silent_one_on_real_sockets() -> No
     """A listener with backlog 1 that accepts one client and then serves nobody else (as rpc-server does
     while its client is alive or silently gone): the kernel's own view, read with ss, starts the clock."""
     ss = shutil.which("ss")
-    if ss is None:
-        pytest.skip("no ss on this machine")
+    require(ss, "ss (iproute2)")
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)

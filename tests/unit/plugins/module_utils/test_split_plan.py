@@ -38,6 +38,7 @@ from llamafleet.core.split_plan import (
 )
 from llamafleet.core.split_policies import choose_split
 from llamafleet.core.split_units import auto_slots
+from needs import needs
 
 MIB = 2**20
 GIB = 2**30
@@ -816,7 +817,7 @@ def test_compare_a_fit_plan_by_its_devices_only() -> None:
     assert compare_with_plan(two, parsed)[0].startswith("device order: plan [('RPC0', '127.0.0.1:50171')]")
 
 
-@pytest.mark.skipif(not REAL_MODEL.exists(), reason="the lab model is not on this machine")
+@needs(REAL_MODEL.exists(), "the lab model %s" % REAL_MODEL)
 def test_recorded_facts_are_the_real_files() -> None:
     from llamafleet.core.gguf import model_facts
 

@@ -32,6 +32,7 @@ from llamafleet.core.systemd_unit import (
     systemd_exec,
     systemd_quote,
 )
+from needs import needs
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llamacpp"
 BIN = "/opt/llamafleet/llama.cpp/b1/bin/llama-server"
@@ -298,7 +299,7 @@ def test_the_reachability_rules_catch_a_closed_policy() -> None:
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 
 
-@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="no systemd-analyze")
+@needs(SYSTEMD_ANALYZE, "systemd-analyze (systemd)")
 @pytest.mark.parametrize("service", sorted(SERVICES))
 @pytest.mark.parametrize("backend", LINUX_BACKENDS)
 def test_systemd_analyze_verifies_the_unit(tmp_path: Path, service: str, backend: str) -> None:
@@ -327,7 +328,7 @@ def exposure(tmp_path: Path, name: str, text: str) -> float:
     return float(match.group(1))
 
 
-@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="no systemd-analyze")
+@needs(SYSTEMD_ANALYZE, "systemd-analyze (systemd)")
 @pytest.mark.parametrize("service", sorted(SERVICES))
 def test_systemd_analyze_security(tmp_path: Path, service: str) -> None:
     scores = {b: exposure(tmp_path, "llamafleet-%s-%s.service" % (service, b), SERVICES[service](b))
@@ -362,7 +363,7 @@ def test_runtime_directory_is_one_folder_name(name: str) -> None:
         render_systemd_unit(["/bin/true"], runtime_directory=name)
 
 
-@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="no systemd-analyze")
+@needs(SYSTEMD_ANALYZE, "systemd-analyze (systemd)")
 def test_gate_unit_verifies_and_scores_like_the_cpu_units(tmp_path: Path) -> None:
     text = render_gate_unit(python=["/bin/true"])
     unit = tmp_path / GATE_UNIT

@@ -10,6 +10,7 @@ import pytest
 
 from ansible_collections.llamafleet.cluster.plugins.modules import gpu_facts
 from module_runner import run_main, warning_messages
+from needs import needs
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gpu"
 DEV_RPC_SERVER = Path("/var/cache/llamafleet/dev/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/ggml-rpc-server")
@@ -98,7 +99,7 @@ def test_rpc_server_must_be_executable(tmp_path: Path, capsys: pytest.CaptureFix
     assert rc == 1 and "is not an executable file" in result["msg"]
 
 
-@pytest.mark.skipif(not os.access(DEV_RPC_SERVER, os.X_OK), reason="no llama.cpp dev build on this machine")
+@needs(os.access(DEV_RPC_SERVER, os.X_OK), "the llama.cpp dev build's %s" % DEV_RPC_SERVER)
 def test_real_rpc_server_lists_its_devices(capsys: pytest.CaptureFixture[str]) -> None:
     rc, result = run_module({"backends": ["cpu"], "rpc_server": str(DEV_RPC_SERVER),
                              "overrides": [{"match": "cpu", "max_mib": 600}]}, capsys)

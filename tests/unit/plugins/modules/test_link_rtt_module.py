@@ -9,6 +9,7 @@ import pytest
 
 from ansible_collections.llamafleet.cluster.plugins.modules import link_rtt
 from module_runner import run_main, warning_messages
+from needs import needs
 
 
 def run_module(args: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
@@ -25,7 +26,7 @@ def test_bad_input(args: dict[str, Any], message: str, capsys: pytest.CaptureFix
     assert rc == 1 and result["msg"] == message
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a raw ICMP socket needs root")
+@needs(os.geteuid() == 0, "root (a raw ICMP socket)")
 def test_measures_and_warns_about_a_silent_host(capsys: pytest.CaptureFixture[str]) -> None:
     rc, result = run_module({"endpoints": [{"host": "lab2", "address": "127.0.0.1", "port": 50052},
                                            {"host": "gone", "address": "198.51.100.7", "port": 50052}],

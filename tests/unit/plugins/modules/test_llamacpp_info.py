@@ -10,6 +10,7 @@ import pytest
 
 from ansible_collections.llamafleet.cluster.plugins.modules import llamacpp_info
 from module_runner import run_main
+from needs import needs
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llamacpp"
 DEV_BIN = Path("/var/cache/llamafleet/dev/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin")
@@ -84,7 +85,7 @@ def test_not_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert rc == 1 and "is not a directory" in result["msg"]
 
 
-@pytest.mark.skipif(not os.access(DEV_BIN / "llama-server", os.X_OK), reason="no llama.cpp dev build here")
+@needs(os.access(DEV_BIN / "llama-server", os.X_OK), "the llama.cpp dev build in %s" % DEV_BIN)
 def test_real_dev_build(capsys: pytest.CaptureFixture[str]) -> None:
     rc, result = run_module({"bin_dir": str(DEV_BIN), "require": ["llama_server", "rpc_server"]}, capsys)
     assert rc == 0, result
