@@ -9,8 +9,8 @@ import struct
 import time
 from typing import Callable
 
-from llamafleet.bench.rpcproxy import (GET_TENSOR_REQ, REPLY_HEADER, REPLY_SIZES, RPC_TENSOR, Cmd, reply_size,
-                                       request_frame)
+from llamafleet.bench.rpcproxy import (GET_TENSOR_REQ, REPLY_HEADER, REPLY_SIZES, RPC_TENSOR, Cmd, command_name,
+                                       reply_size, request_frame)
 from llamafleet.core import rpc_proto
 
 # Bytes a GET_TENSOR / SET_TENSOR probe moves.
@@ -125,7 +125,7 @@ def measure_round_trip(host: str, port: int, command: int = Cmd.GRAPH_COMPUTE, s
     with RpcClient(host, port, timeout) as client:
         exchange = _probe(client, command)
         out = []
-        for _ in range(samples):
+        for _sample in range(samples):
             start = clock()
             exchange()
             out.append(clock() - start)

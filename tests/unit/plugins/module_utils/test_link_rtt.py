@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 from llamafleet.core.link_rtt import (
     measure_endpoints,
     ping_ms,
