@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def layout_section(readme: str) -> str:
     """The README's text from ``## Layout`` to the next second-level heading."""
-    _, found, rest = readme.partition("\n## Layout\n")
-    assert found, "README.md has no '## Layout' section"
+    before, found, rest = readme.partition("\n## Layout\n")
+    assert found, "README.md has no '## Layout' section after %d characters" % len(before)
     return rest.split("\n## ", 1)[0]
 
 

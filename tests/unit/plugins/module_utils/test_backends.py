@@ -138,9 +138,9 @@ def test_the_static_yaml_agrees_with_the_table() -> None:
     assert "One of %s;" % ", ".join("`%s`" % b for b in BACKENDS) in readme
     readme = (REPO / "roles/_common/README.md").read_text(encoding="utf-8")
     assert "runs (%s). |" % ", ".join("`%s`" % b for b in BACKENDS) in readme
-    grouped = [name for name in BACKENDS if BACKENDS[name].user_groups]
-    assert "%s for %s and `%s`)" % (" and ".join("`%s`" % g for g in BACKENDS["cuda"].user_groups),
-                                   ", ".join("`%s`" % b for b in sorted(grouped)[:-1]), sorted(grouped)[-1]) in readme
+    grouped = sorted(name for name in BACKENDS if BACKENDS[name].user_groups)
+    groups = " and ".join("`%s`" % g for g in BACKENDS["cuda"].user_groups)
+    assert "%s for %s and `%s`)" % (groups, ", ".join("`%s`" % b for b in grouped[:-1]), grouped[-1]) in readme
 
 
 def test_llama_server_gets_the_environment_of_its_local_backends(monkeypatch: pytest.MonkeyPatch) -> None:
