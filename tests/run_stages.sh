@@ -1,4 +1,4 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # Runs make's test stages in order, prints the time of each as it ends and a table at the end (or at the first
 # failure, which stops the run). Usage: tests/run_stages.sh MAKE STAGE...
 set -u
