@@ -9,14 +9,18 @@ It prints the time each module took at the end (setup, calls and teardown togeth
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from llamafleet.cluster import Endpoint
+from llamafleet.core import constants
+from tests.e2e import quiet
 from tests.helpers import INVENTORY, cli, playbook
 
 ORDER = [
@@ -102,6 +106,41 @@ def fleet(deployed):
     from llamafleet.fleet import Fleet
 
     return Fleet.from_inventory(INVENTORY)
+
+
+def main_pids(fleet) -> dict[str, str]:
+    """MainPID and start timestamp of the cluster's units on every host."""
+    pids = {}
+    for name, res in fleet.run(
+        f"for u in {constants.LLAMA_SERVER_UNIT} {constants.GATE_UNIT} {constants.RPC_SERVER_UNIT} "
+        f"{constants.RPC_GUARD_UNIT}; do "
+        "systemctl show -p MainPID,ExecMainStartTimestampMonotonic --value $u 2>/dev/null | tr '\\n' ' '; echo; done"
+    ).items():
+        assert res.ok, f"{name}: {res.error or res.stderr}"
+        pids[name] = res.stdout.strip()
+    return pids
+
+
+@contextmanager
+def nothing_changes(fleet) -> Iterator[None]:
+    """Asserts that what runs inside restarted no unit (main pids and start times), changed no unit file, and that
+    the cluster still serves."""
+    before = main_pids(fleet)
+    units_before = fleet.run("sha256sum /etc/systemd/system/llamafleet-*.service")
+    yield
+    assert main_pids(fleet) == before, "a unit was restarted"
+    units_after = fleet.run("sha256sum /etc/systemd/system/llamafleet-*.service")
+    assert {h: r.stdout for h, r in units_after.items()} == {h: r.stdout for h, r in units_before.items()}
+    Endpoint.of(fleet).wait_healthy(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def quiet_runs(deployed, fleet) -> quiet.Outcomes:
+    """Every run registered in tests/e2e/quiet.py, together, on the converged CPU lab (see there)."""
+    started = time.monotonic()
+    outcomes = quiet.run_all(lambda: nothing_changes(fleet))
+    print(f"quiet runs: {len(outcomes)} in {time.monotonic() - started:.0f} s, {quiet.WORKERS} at a time")
+    return outcomes
 
 
 # The label of the llama.cpp commit vendored in llama-cpp-python 0.3.35 (its changelog: ggml-org/llama.cpp@4df29be4f).

@@ -16,42 +16,47 @@ import pytest
 
 from llamafleet.cluster import Endpoint
 from llamafleet.bench.report import PLOTS
+from tests.e2e.quiet import quiet
 from tests.helpers import INVENTORY, playbook
 
-LLAMA_UNIT = "llamafleet-llama-server.service"
 # auto: balanced told each link's round trip; a 200 Mbit/s cap on every link (the proxies pace it).
 SMALL = {"bench_worker_counts": [1, 2], "bench_latencies_ms": [0, 20], "bench_repetitions": 1,
          "bench_n_predict": 16, "bench_sweep_n_predict": 8, "bench_concurrency": [1, 2],
          "bench_policies": ["auto"], "bench_bandwidths_mbit": [200]}
 
+BAD_INPUT = [
+    pytest.param({"bench_policies": ["fastest"]}, "bench_policies: unknown policy 'fastest'", id="unknown-policy"),
+    pytest.param({"bench_latencies_ms": [0, -5]}, "bench_latencies_ms: -5 is below 0", id="negative-latency"),
+    pytest.param({"bench_latencies_ms": ["soon"]}, "bench_latencies_ms: 'soon' is not a number", id="latency-nan"),
+    pytest.param({"bench_worker_counts": [3]}, "bench_worker_counts: 3 workers asked, the inventory has 2",
+                 id="too-many-workers"),
+    pytest.param({"bench_results_dir": "/proc/llamafleet-bench"},
+                 "bench_results_dir: /proc/llamafleet-bench cannot be written", id="unwritable-results"),
+    pytest.param({"bench_proxy_port": 22}, "bench_proxy_port 22 is already taken", id="proxy-port-taken"),
+]
+for _param in BAD_INPUT:
+    quiet(f"bench-{_param.id}")(lambda work, _extra=_param.values[0]: playbook("bench.yml", "-e", json.dumps(_extra),
+                                                                                timeout=300))
 
-def server_pid(fleet) -> dict[str, str]:
-    """llama-server's MainPID and start time on every host (a restart changes them)."""
-    res = fleet.run(f"systemctl show -p MainPID,ExecMainStartTimestampMonotonic --value {LLAMA_UNIT}")
-    return {host: r.stdout for host, r in res.items()}
+
+@quiet("bench-not-the-lab")
+def _not_the_lab(work: Path):
+    inventory = work / "hosts.ini"
+    shutil.copy(INVENTORY, inventory)  # without group_vars/all/lab.yml: llamafleet_lab is not set
+    return playbook("bench.yml", timeout=300, inventory=inventory)
 
 
-@pytest.mark.parametrize(("extra", "variable"), [
-    ({"bench_policies": ["fastest"]}, "bench_policies: unknown policy 'fastest'"),
-    ({"bench_latencies_ms": [0, -5]}, "bench_latencies_ms: -5 is below 0"),
-    ({"bench_latencies_ms": ["soon"]}, "bench_latencies_ms: 'soon' is not a number"),
-    ({"bench_worker_counts": [3]}, "bench_worker_counts: 3 workers asked, the inventory has 2"),
-    ({"bench_results_dir": "/proc/llamafleet-bench"}, "bench_results_dir: /proc/llamafleet-bench cannot be written"),
-    ({"bench_proxy_port": 22}, "bench_proxy_port 22 is already taken"),
-])
-def test_bad_input_fails_before_the_cluster_is_touched(deployed, fleet, extra: dict, variable: str) -> None:
-    before = server_pid(fleet)
-    run = playbook("bench.yml", "-e", json.dumps(extra), timeout=300)
+@pytest.mark.parametrize(("extra", "variable"), BAD_INPUT)
+def test_bad_input_fails_before_the_cluster_is_touched(quiet_runs, request, extra: dict, variable: str) -> None:
+    """In the quiet batch: it asserts that no unit restarted (llama-server's pid and start time among them)."""
+    run = quiet_runs["bench-" + request.node.callspec.id]
     assert run.rc != 0, run.output[-3000:]
     assert variable in run.output, run.output[-3000:]
     assert "Elect the orchestrator" not in run.output  # deploy.yml's first play never ran
-    assert server_pid(fleet) == before
 
 
-def test_an_inventory_that_is_not_the_lab_is_refused(deployed, fleet, tmp_path: Path) -> None:
-    inventory = tmp_path / "hosts.ini"
-    shutil.copy(INVENTORY, inventory)  # without group_vars/all/lab.yml: llamafleet_lab is not set
-    run = playbook("bench.yml", timeout=300, inventory=inventory)
+def test_an_inventory_that_is_not_the_lab_is_refused(quiet_runs) -> None:
+    run = quiet_runs["bench-not-the-lab"]
     assert run.rc != 0 and "bench_confirm_disruption" in run.output, run.output[-3000:]
 
 

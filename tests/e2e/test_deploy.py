@@ -10,9 +10,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,20 +21,9 @@ from llamafleet.core import constants
 from llamafleet.core.log_parse import buffers_by_device, compare_with_plan, layer_ranges, parse_load_log
 from llamafleet.lab.artifacts import LLAMA_CPP_ARCHIVE_SUBDIR
 from tests.e2e.bad_models import make_bad_models
+from tests.e2e.conftest import main_pids, nothing_changes
+from tests.e2e.quiet import after_batch, once, quiet
 from tests.helpers import INVENTORY, REPO, PlaybookRun, playbook
-
-def main_pids(fleet) -> dict[str, str]:
-    """MainPID and start timestamp of the cluster's units on every host."""
-    pids = {}
-    for name, res in fleet.run(
-        f"for u in {constants.LLAMA_SERVER_UNIT} {constants.GATE_UNIT} {constants.RPC_SERVER_UNIT} "
-        f"{constants.RPC_GUARD_UNIT}; do "
-        "systemctl show -p MainPID,ExecMainStartTimestampMonotonic --value $u 2>/dev/null | tr '\\n' ' '; echo; done"
-    ).items():
-        assert res.ok, f"{name}: {res.error or res.stderr}"
-        pids[name] = res.stdout.strip()
-    return pids
-
 
 def test_first_deploy_serves(deployed, fleet):
     assert deployed.failed == 0
@@ -114,18 +100,27 @@ def test_api_needs_the_generated_key_except_health(deployed, fleet):
     assert _status(endpoint.url + "/metrics", endpoint.api_key) == 200
 
 
-def test_second_run_changes_nothing_and_restarts_nothing(deployed, fleet):
-    before = main_pids(fleet)
-    run = playbook("deploy.yml")
-    assert run.rc == 0, run.output[-6000:]
-    assert run.changed == 0, run.output[-6000:]
-    assert main_pids(fleet) == before
+@quiet("second-deploy")
+def _second_deploy(work: Path) -> PlaybookRun:
+    return playbook("deploy.yml")
 
 
-def test_check_diff_on_converged_fleet_reports_no_change(deployed, fleet):
-    run = playbook("deploy.yml", "--check", "--diff")
+@quiet("check-diff")
+def _check_diff(work: Path) -> PlaybookRun:
+    return playbook("deploy.yml", "--check", "--diff")
+
+
+def test_second_run_changes_nothing_and_restarts_nothing(quiet_runs):
+    """A second deploy.yml (in the quiet batch, which asserts that no unit restarted and no unit file changed)."""
+    run = quiet_runs["second-deploy"]
     assert run.rc == 0, run.output[-6000:]
-    assert run.changed == 0, run.output[-6000:]
+    assert run.recap and run.changed == 0, run.output[-6000:]
+
+
+def test_check_diff_on_converged_fleet_reports_no_change(quiet_runs):
+    run = quiet_runs["check-diff"]
+    assert run.rc == 0, run.output[-6000:]
+    assert run.recap and run.changed == 0, run.output[-6000:]
 
 
 def test_context_change_restarts_only_the_orchestrator(deployed, fleet):
@@ -215,66 +210,49 @@ def _api_key_file(folder: Path, mode: int | None) -> Path:
     return key
 
 
-# Cases of their own beside BAD_INPUT: made on disk by the batch (a tmp folder per case).
-KEY_FILE_CASES = {"api-key-file-missing": (None, "does not exist"),
-                  "api-key-file-world-readable": (0o644, "is readable by everyone (mode 0644): chmod o-rwx it")}
-NO_WORKERS_CASES = {"empty": False, "missing": True}
-BAD_MODEL_CASES = ["html-page", "truncated-gguf", "unknown-architecture"]
-# deploy.yml runs at once on the 2-core controller: each spends most of its time waiting on SSH and the hosts.
-BATCH_WORKERS = 4
-
-
 @dataclass
 class BadRun:
-    """One bad-input deploy.yml of the batch: its run and the strings it must print."""
+    """One bad-input deploy.yml: its run and the strings it must print."""
 
     run: PlaybookRun
     expected: tuple[str, ...]
 
 
-@pytest.fixture(scope="module")
-def bad_runs(deployed, fleet, tmp_path_factory) -> dict[str, BadRun]:
-    """Every bad-input case of this module as one batch: deploy.yml runs for all of them, BATCH_WORKERS at a time
-    (each would take ~20 s alone, mostly waiting). Every run must fail and change nothing; that nothing changed is
-    checked on the hosts once around the whole batch (units' main pids and start times, unit files, /health), so
-    a case that changed anything fails them all. Each case's test then asserts its own run."""
-    work = tmp_path_factory.mktemp("bad-input")
+def _bad_deploy(extra: list[str], expected, inventory: Path = INVENTORY) -> BadRun:
+    run = playbook("deploy.yml", *extra, inventory=inventory)
+    return BadRun(run, (expected,) if isinstance(expected, str) else tuple(expected))
+
+
+for _param in BAD_INPUT:
+    quiet(f"bad-input-{_param.id}")(lambda work, _values=_param.values: _bad_deploy(*_values))
+
+KEY_FILE_CASES = {"api-key-file-missing": (None, "does not exist"),
+                  "api-key-file-world-readable": (0o644, "is readable by everyone (mode 0644): chmod o-rwx it")}
+for _case, (_mode, _expected) in KEY_FILE_CASES.items():
+    def _key_file_case(work: Path, _mode=_mode, _expected=_expected) -> BadRun:
+        key = _api_key_file(work, _mode)
+        return _bad_deploy(["-e", f"llama_server_api_key_file={key}"],
+                           (f"llama_server_api_key_file={key}", _expected, "lab1"))
+    quiet(_case)(_key_file_case)
+
+NO_WORKERS_CASES = {"empty": False, "missing": True}
+for _case, _missing in NO_WORKERS_CASES.items():
+    quiet(f"no-workers-{_case}")(lambda work, _missing=_missing: _bad_deploy(
+        [], "the inventory group llamafleet_workers is %s" % ("missing" if _missing else "empty"),
+        _without_workers(work, _missing)))
+
+
+def _make_bad_models():
     made, written = make_bad_models()
-    cases: dict[str, tuple[list[str], Path, tuple[str, ...]]] = {}
-    for param in BAD_INPUT:
-        extra, expected = param.values
-        cases[param.id] = (extra, INVENTORY, (expected,) if isinstance(expected, str) else tuple(expected))
-    for case, (mode, expected) in KEY_FILE_CASES.items():
-        key = _api_key_file(work / case, mode)
-        cases[case] = (["-e", f"llama_server_api_key_file={key}"], INVENTORY,
-                       (f"llama_server_api_key_file={key}", expected, "lab1"))
-    for case, missing in NO_WORKERS_CASES.items():
-        cases[f"no-workers-{case}"] = ([], _without_workers(work / case, missing),
-                                       ("the inventory group llamafleet_workers is %s" % ("missing" if missing else "empty"),))
-    for case in BAD_MODEL_CASES:
-        cases[f"model-{case}"] = (made[case].extra_vars(), INVENTORY, tuple(made[case].expected))
-    try:
-        with nothing_changes(fleet), ThreadPoolExecutor(BATCH_WORKERS) as pool:
-            futures = {case: pool.submit(playbook, "deploy.yml", *extra, inventory=inventory)
-                       for case, (extra, inventory, _expected) in cases.items()}
-            runs = {case: BadRun(future.result(), cases[case][2]) for case, future in futures.items()}
-    finally:
-        for path in written:
-            path.unlink(missing_ok=True)
-    return runs
+    after_batch(lambda: [path.unlink(missing_ok=True) for path in written])
+    return made
 
 
-@contextmanager
-def nothing_changes(fleet) -> Iterator[None]:
-    """Asserts that what runs inside restarted no unit (main pids and start times), changed no unit file, and that
-    the cluster still serves."""
-    before = main_pids(fleet)
-    units_before = fleet.run("sha256sum /etc/systemd/system/llamafleet-*.service")
-    yield
-    assert main_pids(fleet) == before, "a unit was restarted"
-    units_after = fleet.run("sha256sum /etc/systemd/system/llamafleet-*.service")
-    assert {h: r.stdout for h, r in units_after.items()} == {h: r.stdout for h, r in units_before.items()}
-    Endpoint.of(fleet).wait_healthy(timeout=30)
+_bad_models = once(_make_bad_models)
+BAD_MODEL_CASES = ["html-page", "truncated-gguf", "unknown-architecture"]
+for _case in BAD_MODEL_CASES:
+    quiet(f"model-{_case}")(lambda work, _case=_case: _bad_deploy(_bad_models()[_case].extra_vars(),
+                                                                  tuple(_bad_models()[_case].expected)))
 
 
 def assert_failed_before_any_change(bad: BadRun) -> None:
@@ -288,36 +266,36 @@ def assert_failed_before_any_change(bad: BadRun) -> None:
 
 
 def assert_fails_before_any_change(fleet, extra, expected, inventory=INVENTORY) -> None:
-    """One bad-input deploy.yml on its own (for modules outside the batch): it fails printing ``expected`` (one
+    """One bad-input deploy.yml on its own (for a case outside the quiet batch): it fails printing ``expected`` (one
     string or several) and changes and restarts nothing."""
     with nothing_changes(fleet):
-        run = playbook("deploy.yml", *extra, inventory=inventory)
-        assert_failed_before_any_change(BadRun(run, (expected,) if isinstance(expected, str) else tuple(expected)))
+        assert_failed_before_any_change(_bad_deploy(extra, expected, inventory))
 
 
 @pytest.mark.parametrize("case", [p.id for p in BAD_INPUT])
-def test_bad_input_fails_before_any_change(bad_runs, case):
-    assert_failed_before_any_change(bad_runs[case])
+def test_bad_input_fails_before_any_change(quiet_runs, case):
+    assert_failed_before_any_change(quiet_runs[f"bad-input-{case}"])
 
 
 @pytest.mark.parametrize("case", list(KEY_FILE_CASES))
-def test_bad_api_key_file_fails_before_any_change(bad_runs, case):
-    assert_failed_before_any_change(bad_runs[case])
+def test_bad_api_key_file_fails_before_any_change(quiet_runs, case):
+    assert_failed_before_any_change(quiet_runs[case])
 
 
 @pytest.mark.parametrize("case", BAD_MODEL_CASES)
-def test_bad_model_file_fails_before_any_change(bad_runs, case):
+def test_bad_model_file_fails_before_any_change(quiet_runs, case):
     """The model role's preflight reads each file's GGUF header over HTTP ranges (module_utils/fetch.py)."""
-    assert_failed_before_any_change(bad_runs[f"model-{case}"])
+    assert_failed_before_any_change(quiet_runs[f"model-{case}"])
 
 
 @pytest.mark.parametrize("missing", [False, True], ids=["empty", "missing"])
-def test_no_workers_fails_before_any_change(bad_runs, missing):
+def test_no_workers_fails_before_any_change(quiet_runs, missing):
     """The lab inventory with an empty (or no) workers group: only lab1 is left, and preflight refuses."""
-    assert_failed_before_any_change(bad_runs["no-workers-" + ("missing" if missing else "empty")])
+    assert_failed_before_any_change(quiet_runs["no-workers-" + ("missing" if missing else "empty")])
 
 
-def test_orchestrator_is_elected_when_the_inventory_pins_none(deployed, tmp_path):
+@quiet("election")
+def _election(work: Path) -> PlaybookRun:
     """No llamafleet_orchestrator group: the deterministic election (most GPU memory, then name) picks one."""
     text = INVENTORY.read_text()
     lines, skip = [], False
@@ -330,9 +308,14 @@ def test_orchestrator_is_elected_when_the_inventory_pins_none(deployed, tmp_path
     # the orchestrator becomes a plain worker candidate
     lines.insert(lines.index("[llamafleet_workers]") + 1, next(
         ln for ln in text.splitlines() if ln.startswith("lab1 ")))
-    (tmp_path / "hosts.ini").write_text("\n".join(lines) + "\n")
-    shutil.copytree(INVENTORY.parent / "group_vars", tmp_path / "group_vars")
-    run = playbook("deploy.yml", "--check", "--tags", "election_only", "-v", timeout=600, inventory=tmp_path / "hosts.ini")
+    (work / "hosts.ini").write_text("\n".join(lines) + "\n")
+    shutil.copytree(INVENTORY.parent / "group_vars", work / "group_vars")
+    return playbook("deploy.yml", "--check", "--tags", "election_only", "-v", timeout=600, inventory=work / "hosts.ini")
+
+
+def test_orchestrator_is_elected_when_the_inventory_pins_none(quiet_runs):
+    """No llamafleet_orchestrator group: the deterministic election (most GPU memory, then name) picks one."""
+    run = quiet_runs["election"]
     assert run.rc == 0, run.output[-3000:]
     assert "host_name: lab1" in run.output, run.output[-3000:]
     assert "llamafleet_orchestrator" in run.output
