@@ -133,7 +133,7 @@ check: venv
 	@echo "==> the fast tier passed"
 
 bench: venv
-	@$(BIN)/python benchmarks/lab_speed.py
+	@$(BIN)/python -m benchmarks.lab_speed
 	@$(BIN)/llamafleet lab up
 	@$(BIN)/ansible-playbook playbooks/deploy.yml
 	@$(BIN)/llamafleet bench split

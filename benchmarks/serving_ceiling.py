@@ -4,7 +4,7 @@
 """What batching can give on this machine at all: one llama-server, no RPC, 1 client against N.
 
 The lab's hosts share this machine's cores, so the 16-client figure of the distributed cluster
-(benchmarks/serving_load.py, bench.yml's sweep) cannot beat what a single llama-server on the same
+(benchmarks.serving_load, bench.yml's sweep) cannot beat what a single llama-server on the same
 cores gets from batching the same load. This runs the deploy's own build (the controller's artifact
 cache) and model with every core and N slots on a unified KV cache, then streams 64-token completions
 from 1 client and from N clients for a fixed time each, and prints tok/s, the ratio, p95 and errors.
