@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .core import constants
+from .core.systemd_show import show_argv
 from .errors import UserError
 from .fleet import Fleet, Host
 from .layout import HostLayout, as_bool, host_layout, orchestrator_layout
@@ -143,11 +144,10 @@ def read_plan(fleet: Fleet, layout: HostLayout | None = None) -> dict[str, Any]:
 
 def server_log_command(since_start: bool = True, lines: int = 4000, unit: str = constants.LLAMA_SERVER_UNIT) -> str:
     """The journal of llama-server's ``unit``: from its last start (its invocation) or the last ``lines`` lines."""
-    unit = shlex.quote(unit)
     if since_start:
-        return (f"inv=$(systemctl show -p InvocationID --value {unit}); "
+        return (f"inv=$({shlex.join(show_argv(unit, ['InvocationID'], value=True))}); "
                 f"journalctl -o cat --no-pager _SYSTEMD_INVOCATION_ID=$inv")
-    return f"journalctl -o cat --no-pager -n {int(lines)} -u {unit}"
+    return f"journalctl -o cat --no-pager -n {int(lines)} -u {shlex.quote(unit)}"
 
 
 def server_log(fleet: Fleet, since_start: bool = True, lines: int = 4000, layout: HostLayout | None = None) -> str:

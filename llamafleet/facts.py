@@ -111,30 +111,6 @@ def gather(fleet: Fleet, hosts: Iterable[Host], facts_of: Callable[[Host], list[
 
 # Parsers of common commands' output.
 
-def parse_systemctl_show(text: str) -> list[dict[str, str]]:
-    """``systemctl show -p ... UNIT...``: one ``{property: value}`` per unit, in the order given."""
-    units: list[dict[str, str]] = []
-    current: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            if current:
-                units.append(current)
-                current = {}
-            continue
-        key, sep, value = line.partition("=")
-        if not sep:
-            raise ValueError(f"not a property line: {line!r}")
-        current[key] = value
-    if current:
-        units.append(current)
-    return units
-
-
-def systemctl_show(units: Iterable[str], properties: Iterable[str]) -> str:
-    """The command :func:`parse_systemctl_show` reads."""
-    return f"systemctl show --property={','.join(properties)} -- {shlex.join(units)}"
-
-
 def parse_du_bytes(text: str) -> int:
     """``du -sb PATH``: the size in bytes (0 when the path is missing and du printed nothing)."""
     line = text.strip().splitlines()[:1]

@@ -28,6 +28,7 @@ from typing import Any
 
 from .cluster import Endpoint
 from .core import constants, serving_gate
+from .core.systemd_show import parse_show_units, show_argv
 from .errors import UserError
 from .facts import (
     Fact,
@@ -35,9 +36,7 @@ from .facts import (
     gather,
     parse_du_bytes,
     parse_line_count,
-    parse_systemctl_show,
     parse_word,
-    systemctl_show,
 )
 from .fleet import Fleet, Host
 from .layout import HostLayout, fleet_layouts
@@ -55,9 +54,9 @@ def status_facts(layout: HostLayout) -> list[Fact]:
     """What ``status`` reads from a host: its units, the build in use, and (workers) the weight cache."""
     facts = [Fact("build", f"readlink {shlex.quote(layout.build_link)}", parse_word)]
     if layout.units:
-        facts.append(Fact("units", systemctl_show(layout.units, UNIT_PROPERTIES), parse_systemctl_show))
+        facts.append(Fact("units", shlex.join(show_argv(layout.units, UNIT_PROPERTIES)), parse_show_units))
     if layout.helper_units:
-        facts.append(Fact("helpers", systemctl_show(layout.helper_units, UNIT_PROPERTIES), parse_systemctl_show))
+        facts.append(Fact("helpers", shlex.join(show_argv(layout.helper_units, UNIT_PROPERTIES)), parse_show_units))
     if layout.gate_state_path:
         # the host's own clock, so that the state file's age does not depend on the controller's
         facts.append(Fact("gate_state", f"date +%s; cat {shlex.quote(layout.gate_state_path)}", parse_gate_state))

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..cluster import Endpoint
+from ..core.systemd_show import show_argv
 from ..errors import UserError
 from ..facts import Fact, gather, parse_cmdline, parse_counters, parse_route_device
 from ..fleet import Fleet
@@ -45,7 +46,7 @@ class Measurement:
 
 
 def parse_exec_start(text: str) -> list[str]:
-    """The argv in ``systemctl show -p ExecStart --value``: systemd joins it with spaces, unquoted.
+    """The argv in ``systemctl show --property=ExecStart --value``: systemd joins it with spaces, unquoted.
 
     Exact only when no argument holds a space; :func:`deployed_argv` prefers the running process's argv.
     """
@@ -56,11 +57,10 @@ def parse_exec_start(text: str) -> list[str]:
 
 def deployed_facts(unit: str) -> list[Fact]:
     """The argv of llama-server's ``unit``: its main process's own, and the unit's ExecStart."""
-    unit = shlex.quote(unit)
     return [
-        Fact("cmdline", f"pid=$(systemctl show -p MainPID --value {unit}); "
+        Fact("cmdline", f"pid=$({shlex.join(show_argv(unit, ['MainPID'], value=True))}); "
                         f"[ \"${{pid:-0}}\" -gt 0 ] && cat /proc/$pid/cmdline", parse_cmdline),
-        Fact("exec_start", f"systemctl show -p ExecStart --value {unit}", parse_exec_start),
+        Fact("exec_start", shlex.join(show_argv(unit, ["ExecStart"], value=True)), parse_exec_start),
     ]
 
 

@@ -114,7 +114,7 @@ HOST_FIREWALL_COMMENT = "llamafleet-rpc"
 LIBEXEC_DIR = "/usr/local/libexec/llamafleet"
 HOST_PACKAGE = "llamafleet_host"
 HOST_PACKAGE_DIR = LIBEXEC_DIR + "/" + HOST_PACKAGE
-HOST_SCRIPTS = ("serving_gate.py", "rpc_proto.py", "rpc_metrics.py")
+HOST_SCRIPTS = ("serving_gate.py", "systemd_show.py", "rpc_proto.py", "rpc_metrics.py")
 HOST_PYTHON = ("/usr/bin/env", "PYTHONPATH=" + LIBEXEC_DIR, "/usr/bin/python3", "-m")
 # The gate's configuration (JSON, written by the llama_server role) and its program.
 GATE_CONFIG_PATH = CONFIG_DIR + "/gate.json"

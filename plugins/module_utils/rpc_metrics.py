@@ -9,7 +9,7 @@ worker's guard counts waiting clients). So nothing here connects to it. Each run
 ``llamafleet-rpc-metrics.service``, started every few seconds by its timer) reads only what the
 host already knows about each rpc-server unit:
 
-- ``systemctl show -p ActiveState -p InvocationID UNIT``: whether the unit runs, and which run it is;
+- ``systemctl show --property=ActiveState,InvocationID -- UNIT``: whether the unit runs, and which run it is;
 - ``ss -ltnH``: whether its port listens, and the connections waiting in its accept queue;
 - ``ss -tnH state established``: the connections on its port (accepted ones plus those queued);
 - the journal of that run: the last of the two lines rpc-server prints around each client,
@@ -34,7 +34,7 @@ marks its end (rpc-server logs no more per client without ``GGML_RPC_DEBUG``), s
 rather than guessed. The time since the client connected is exported instead.
 
 Stdlib only. Shipped to the workers in the host package beside ``serving_gate.py`` (whose ``ss`` parsers
-and atomic write it uses; constants.HOST_PACKAGE) and run as a module:
+and atomic write it uses) and ``systemd_show.py`` (constants.HOST_PACKAGE) and run as a module:
 ``python3 -m llamafleet_host.rpc_metrics --output FILE [--cache-dir DIR] ADDRESS:PORT=UNIT ...``.
 """
 
@@ -49,6 +49,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from .serving_gate import (SS_ESTABLISHED, SS_LISTENERS, command_output, established_on, parse_listeners, parse_ss,
                            render_exposition, write_text_atomic)
+from .systemd_show import parse_show, show_argv
 
 # The lines rpc-server prints (stdout, flushed) when it accepts a client and when that client goes (ggml-rpc.cpp).
 ACCEPTED = "Accepted client connection"
@@ -101,14 +102,14 @@ def parse_server(text: str) -> Server:
     return Server(unit, address, int(port))
 
 
-def show_argv(unit: str) -> list[str]:
-    """The command that tells whether ``unit`` runs, and which run it is (read by :func:`parse_show`)."""
-    return ["systemctl", "show", "-p", "ActiveState", "-p", "InvocationID", unit]
+def unit_run_argv(unit: str) -> list[str]:
+    """The command that tells whether ``unit`` runs, and which run it is (read by :func:`unit_run`)."""
+    return show_argv(unit, ("ActiveState", "InvocationID"))
 
 
-def parse_show(text: str) -> tuple[bool, str]:
-    """``systemctl show -p ActiveState -p InvocationID`` output -> (active?, invocation id or "")."""
-    values = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+def unit_run(text: str) -> tuple[bool, str]:
+    """:func:`unit_run_argv`'s output -> (active?, invocation id or "")."""
+    values = parse_show(text)
     return values.get("ActiveState", "").strip() == "active", values.get("InvocationID", "").strip()
 
 
@@ -209,9 +210,9 @@ def collect(servers: Sequence[Server], cache_dir: str | None, run: Runner = comm
     conns = parse_ss(conns_text) if conns_text is not None else None
     samples: list[Sample] = []
     for server in servers:
-        shown = run(show_argv(server.unit))
+        shown = run(unit_run_argv(server.unit))
         errors += shown is None
-        active, invocation = parse_show(shown) if shown is not None else (False, "")
+        active, invocation = unit_run(shown) if shown is not None else (False, "")
         last_event = None
         if active and invocation:
             journal = run(journal_argv(invocation))

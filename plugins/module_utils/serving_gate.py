@@ -37,7 +37,8 @@ the partition, and rpc-server has no keepalive), so it never accepts the new
 llama-server, which waits for it forever. The guard sees a live client queued
 behind the one being served (see :func:`guard_decide`) and restarts rpc-server.
 
-Stdlib only: this file is copied alone to the host, and is a module_utils file of the collection.
+Stdlib only: a module_utils file of the collection, installed on the hosts in the host package
+(constants.HOST_PACKAGE) with ``systemd_show.py``, the one reader of ``systemctl show`` it imports.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping, Sequence
+
+from .systemd_show import parse_show, show_argv
 
 # Configuration defaults (seconds unless named otherwise).
 DEFAULT_LISTEN_HOST = "0.0.0.0"
@@ -928,7 +931,7 @@ def count_stalls(previous: dict[str, int], links: dict[str, dict[str, Any]] | No
 
 def systemctl_show_argv(unit: str) -> list[str]:
     """The command whose output parse_systemctl_show reads (the gate's watchdog and the guard use it)."""
-    return ["systemctl", "show", "-p", "MainPID", "-p", "ActiveState", "-p", "ExecMainStartTimestampMonotonic", unit]
+    return show_argv(unit, ("MainPID", "ActiveState", "ExecMainStartTimestampMonotonic"))
 
 
 # ss commands: the gate reads tcp_info of established links; the guard reads listeners and established peers.
@@ -938,8 +941,8 @@ SS_ESTABLISHED = ["ss", "-tnH", "state", "established"]
 
 
 def parse_systemctl_show(text: str) -> tuple[str, int]:
-    """``systemctl show -p MainPID -p ActiveState UNIT`` (``Key=value`` lines) -> (active state, main pid)."""
-    values = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    """``systemctl show`` of MainPID and ActiveState (:func:`systemctl_show_argv`) -> (active state, main pid)."""
+    values = parse_show(text)
     pid = values.get("MainPID", "0").strip()
     return values.get("ActiveState", "unknown").strip() or "unknown", int(pid) if pid.isdigit() else 0
 
@@ -947,8 +950,7 @@ def parse_systemctl_show(text: str) -> tuple[str, int]:
 def main_start(text: str) -> float | None:
     """When systemd started the unit's main process (``ExecMainStartTimestampMonotonic``, microseconds of
     CLOCK_MONOTONIC, as time.monotonic() counts) in seconds; None when not shown or 0."""
-    values = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-    raw = values.get("ExecMainStartTimestampMonotonic", "").strip()
+    raw = parse_show(text).get("ExecMainStartTimestampMonotonic", "").strip()
     return int(raw) / 1e6 if raw.isdigit() and int(raw) > 0 else None
 
 

@@ -217,10 +217,10 @@ def test_read_plan_refuses_a_record_it_cannot_use(connector, recorded):
 
 @pytest.mark.parametrize(
     ("args", "command"),
-    [((True,), f"inv=$(systemctl show -p InvocationID --value {constants.LLAMA_SERVER_UNIT}); "
+    [((True,), f"inv=$(systemctl show --property=InvocationID --value -- {constants.LLAMA_SERVER_UNIT}); "
                "journalctl -o cat --no-pager _SYSTEMD_INVOCATION_ID=$inv"),
      ((False, 12), f"journalctl -o cat --no-pager -n 12 -u {constants.LLAMA_SERVER_UNIT}"),
-     ((True, 1, "lf-llama-b.service"), "inv=$(systemctl show -p InvocationID --value lf-llama-b.service); "
+     ((True, 1, "lf-llama-b.service"), "inv=$(systemctl show --property=InvocationID --value -- lf-llama-b.service); "
                                        "journalctl -o cat --no-pager _SYSTEMD_INVOCATION_ID=$inv"),
      ((False, 5, "lf-llama-b.service"), "journalctl -o cat --no-pager -n 5 -u lf-llama-b.service"),
      ((False, 5, "llama b.service"), "journalctl -o cat --no-pager -n 5 -u 'llama b.service'")],

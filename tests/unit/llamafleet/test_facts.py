@@ -16,11 +16,9 @@ from llamafleet.facts import (
     parse_line_count,
     parse_output,
     parse_route_device,
-    parse_systemctl_show,
     parse_word,
     script,
     split_sections,
-    systemctl_show,
 )
 from llamafleet.fleet import Fleet
 
@@ -93,28 +91,6 @@ def test_gather_keeps_a_value_or_an_error_per_host(connector, local):
 
 
 # Parsers on recorded output
-
-def test_systemctl_show_blocks_per_unit(fixture_text):
-    units = parse_systemctl_show(fixture_text("systemctl-252_show_units_reconstructed.txt"))
-    assert [u["Id"] for u in units] == [
-        "llamafleet-llama-server.service", "llamafleet-rpc-server.service", "llamafleet-rpc-server-cuda0.service",
-        "llamafleet-rpc-server-cuda1.service", "llamafleet-rpc-server-vulkan0.service"]
-    assert units[3] == {"NRestarts": "3", "Id": "llamafleet-rpc-server-cuda1.service", "LoadState": "loaded",
-                        "ActiveState": "activating", "SubState": "auto-restart",
-                        "ActiveEnterTimestamp": "Mon 2026-11-23 17:41:30 UTC"}
-    assert units[4]["ActiveEnterTimestamp"] == "" and units[4]["LoadState"] == "not-found"
-
-
-def test_systemctl_show_rejects_other_text():
-    with pytest.raises(ValueError, match="not a property line"):
-        parse_systemctl_show("Failed to connect to bus: Host is down\n")
-    assert parse_systemctl_show("") == []
-
-
-def test_systemctl_show_command_quotes_units():
-    assert systemctl_show(["a.service", "b c.service"], ["Id", "ActiveState"]) == (
-        "systemctl show --property=Id,ActiveState -- a.service 'b c.service'")
-
 
 def test_du_and_ls_on_a_real_directory(tmp_path):
     (tmp_path / "0123456789abcdef").write_bytes(b"x" * 5000)

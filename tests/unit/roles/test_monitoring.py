@@ -164,12 +164,13 @@ def _copies(path: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("tasks, scripts", [
-    ("rpc_server/tasks/install.yml", ["__init__.py", "serving_gate.py"]),
+    ("rpc_server/tasks/install.yml", ["__init__.py", "serving_gate.py", "systemd_show.py"]),
     ("rpc_server/tasks/textfile_metrics.yml", ["rpc_metrics.py"]),
-    ("llama_server/tasks/install.yml", ["__init__.py", "rpc_proto.py", "serving_gate.py"]),
+    ("llama_server/tasks/install.yml", ["__init__.py", "rpc_proto.py", "serving_gate.py", "systemd_show.py"]),
 ])
 def test_the_roles_install_the_host_scripts_in_the_host_package(tasks: str, scripts: list[str]) -> None:
-    """rpc_metrics.py imports serving_gate relatively: both go to the host package (HOST_PACKAGE_DIR)."""
+    """rpc_metrics.py imports serving_gate relatively, and serving_gate systemd_show: all go to the host package
+    (HOST_PACKAGE_DIR)."""
     package = "{{ lookup('llamafleet.cluster.constants', 'host_package_dir') }}/"
     copies = {dest[len(package):]: src for dest, src in _copies(REPO / "roles" / tasks).items() if dest.startswith(package)}
     assert sorted(copies) == scripts

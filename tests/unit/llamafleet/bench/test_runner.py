@@ -88,7 +88,7 @@ def test_deployed_argv_is_the_running_processs_own(tmp_path, connector, local, r
     """The main process's /proc cmdline: exact even with spaces and quotes, which ExecStart's text is not."""
     record, (unit, _) = record_of(renamed)
     proc, argv = running("--chat-template", "it's {{ x }}", "")
-    env = fake_tools(tmp_path, systemctl=f'case "$*" in "show -p MainPID --value {unit}") echo {proc.pid};; '
+    env = fake_tools(tmp_path, systemctl=f'case "$*" in "show --property=MainPID --value -- {unit}") echo {proc.pid};; '
                                          '*) echo;; esac')
     assert deployed_argv(one_host_fleet(connector, recorded(record, local(env)))) == argv
 
@@ -97,7 +97,7 @@ def test_deployed_argv_is_the_running_processs_own(tmp_path, connector, local, r
 def test_deployed_argv_falls_back_to_exec_start(tmp_path, connector, local, recorded, record_of, renamed):
     record, (unit, _) = record_of(renamed)
     exec_start = f"{{ path={ARGV[0]} ; argv[]={' '.join(ARGV)} ; ignore_errors=no ; pid=0 ; code=(null) ; status=0/0 }}"
-    env = fake_tools(tmp_path, systemctl=f'case "$*" in *MainPID*) echo 0;; "show -p ExecStart --value {unit}") '
+    env = fake_tools(tmp_path, systemctl=f'case "$*" in *MainPID*) echo 0;; "show --property=ExecStart --value -- {unit}") '
                                          f'echo "{exec_start}";; *) echo;; esac')
     assert deployed_argv(one_host_fleet(connector, recorded(record, local(env)))) == ARGV
 

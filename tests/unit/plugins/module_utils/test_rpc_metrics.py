@@ -87,8 +87,13 @@ def test_parse_server_refuses(text: str) -> None:
     ("ActiveState=inactive\nInvocationID=\n", (False, "")),
     ("", (False, "")),
 ])
-def test_parse_show(text: str, expected: tuple[bool, str]) -> None:
-    assert rm.parse_show(text) == expected
+def test_unit_run(text: str, expected: tuple[bool, str]) -> None:
+    assert rm.unit_run(text) == expected
+
+
+def test_unit_run_asks_for_what_it_reads() -> None:
+    assert rm.unit_run_argv("u.service") == ["systemctl", "show", "--property=ActiveState,InvocationID", "--",
+                                            "u.service"]
 
 
 def test_the_journal_query_is_the_units_run_and_the_two_lines() -> None:
@@ -304,13 +309,13 @@ def test_main_reports_an_unwritable_output(tmp_path: Path, capsys) -> None:
 
 
 def test_runs_as_installed_beside_the_gate(tmp_path: Path) -> None:
-    """Copied alone with serving_gate.py into the host package (as the rpc_server role installs them) and run by
+    """Copied alone with serving_gate.py and systemd_show.py into the host package (as the rpc_server role installs them) and run by
     python3 as a module, with ss, systemctl and journalctl that answer as recorded, it writes the file."""
     libexec, bin_dir = tmp_path / "libexec", tmp_path / "bin"
     (libexec / HOST_PACKAGE).mkdir(parents=True)
     bin_dir.mkdir()
     (libexec / HOST_PACKAGE / "__init__.py").write_text("")
-    for name in ("rpc_metrics.py", "serving_gate.py"):
+    for name in ("rpc_metrics.py", "serving_gate.py", "systemd_show.py"):
         shutil.copy(MODULE_UTILS / name, libexec / HOST_PACKAGE / name)
     answers = {
         "ss": 'case "$*" in -ltnH) cat %s;; *) cat %s;; esac' % (

@@ -1,0 +1,49 @@
+"""systemd_show: the one command line of ``systemctl show`` and the one reader of its output."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from llamafleet.core.systemd_show import parse_show, parse_show_units, show_argv
+
+FIXTURES = Path(__file__).resolve().parents[2] / "llamafleet" / "fixtures"
+
+
+def test_one_unit_or_several_with_their_properties() -> None:
+    assert show_argv("a.service", ["MainPID", "ActiveState"]) == [
+        "systemctl", "show", "--property=MainPID,ActiveState", "--", "a.service"]
+    assert shlex.join(show_argv(["a.service", "b c.service"], ("Id", "ActiveState"))) == (
+        "systemctl show --property=Id,ActiveState -- a.service 'b c.service'")
+    assert show_argv("a.service", ["InvocationID"], value=True) == [
+        "systemctl", "show", "--property=InvocationID", "--value", "--", "a.service"]
+
+
+@pytest.mark.parametrize(("text", "values"), [
+    ("MainPID=4321\nActiveState=active\n", {"MainPID": "4321", "ActiveState": "active"}),
+    ("InvocationID=\nExecStart={ path=/x ; argv[]=/x a=b }\n",
+     {"InvocationID": "", "ExecStart": "{ path=/x ; argv[]=/x a=b }"}),  # the first '=' splits
+    ("", {}),
+    ("\nActiveState=failed\n\n", {"ActiveState": "failed"}),
+])
+def test_one_units_properties(text: str, values: dict[str, str]) -> None:
+    assert parse_show(text) == values
+
+
+def test_blocks_per_unit_on_recorded_output() -> None:
+    units = parse_show_units((FIXTURES / "systemctl-252_show_units_reconstructed.txt").read_text(encoding="utf-8"))
+    assert [u["Id"] for u in units] == [
+        "llamafleet-llama-server.service", "llamafleet-rpc-server.service", "llamafleet-rpc-server-cuda0.service",
+        "llamafleet-rpc-server-cuda1.service", "llamafleet-rpc-server-vulkan0.service"]
+    assert units[3] == {"NRestarts": "3", "Id": "llamafleet-rpc-server-cuda1.service", "LoadState": "loaded",
+                        "ActiveState": "activating", "SubState": "auto-restart",
+                        "ActiveEnterTimestamp": "Mon 2026-11-23 17:41:30 UTC"}
+    assert units[4]["ActiveEnterTimestamp"] == "" and units[4]["LoadState"] == "not-found"
+
+
+def test_blocks_per_unit_reject_other_text() -> None:
+    with pytest.raises(ValueError, match="not a property line"):
+        parse_show_units("Failed to connect to bus: Host is down\n")
+    assert parse_show_units("") == []
