@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: llamafleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters that render rpc-server's argv and the units of rpc-server and the gate (thin wrappers over module_utils)."""
+"""Filters that render rpc-server's argv, the units of rpc-server and the gate, and the hardening of the units
+templates render (thin wrappers over module_utils)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.llamafleet.cluster.plugins.module_utils.llama_flags import FlagError, render_rpc_server_argv
 from ansible_collections.llamafleet.cluster.plugins.module_utils.systemd_unit import (
+    device_policy,
+    hardening,
     render_gate_unit,
     render_plan_switch_units,
     render_rpc_guard_unit,
@@ -73,9 +76,24 @@ def plan_switch_units(header=""):
     return {"service": service, "path": path}
 
 
+def unit_hardening(values=None, after=None, backend=None):
+    """The collection's one hardening list (systemd_unit.HARDENING) as ``[Service]`` lines, one string, with a
+    unit's differences: ``values`` ({setting: value, or None to leave it out}), ``after`` ({setting: [lines]}
+    added after it) and ``backend``'s device policy after PrivateTmp=."""
+    try:
+        extra = {str(k): [str(line) for line in v] for k, v in (after or {}).items()}
+        if backend is not None:
+            extra["PrivateTmp"] = device_policy(str(backend)) + extra.get("PrivateTmp", [])
+        return "\n".join(hardening({str(k): None if v is None else str(v) for k, v in (values or {}).items()},
+                                   after=extra))
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise AnsibleFilterError("unit_hardening: %s" % exc) from exc
+
+
 class FilterModule:
     """llamafleet argv and unit filters."""
 
     def filters(self):
         return {"rpc_server_argv": rpc_server_argv, "rpc_server_unit": rpc_server_unit, "gate_unit": gate_unit,
-                "rpc_guard_unit": rpc_guard_unit, "plan_switch_units": plan_switch_units}
+                "rpc_guard_unit": rpc_guard_unit, "plan_switch_units": plan_switch_units,
+                "unit_hardening": unit_hardening}

@@ -57,6 +57,52 @@ BACKEND_DEVICE_NODES: dict[str, tuple[str, ...]] = {name: BACKENDS[name].device_
 CLOSED_DEVICE_POLICY = ("PrivateDevices=yes", "ProtectClock=yes")
 
 
+# The hardening of every llamafleet service (systemd.exec(5)), in the order the units list it: the units of
+# llama-server, rpc-server, the gate and the guard take it with their device policy after PrivateTmp=
+# (render_systemd_unit); the plan switch (render_plan_switch_units) and the rpc-server metrics writer
+# (roles/rpc_server/templates/rpc-metrics.service.j2, through the unit_hardening filter) with their own
+# differences, each spelled where the unit is.
+HARDENING: tuple[tuple[str, str], ...] = (
+    ("NoNewPrivileges", "yes"),
+    ("ProtectSystem", "strict"),
+    ("ProtectHome", "yes"),
+    ("PrivateTmp", "yes"),
+    ("ProtectKernelTunables", "yes"),
+    ("ProtectKernelModules", "yes"),
+    ("ProtectKernelLogs", "yes"),
+    ("ProtectControlGroups", "yes"),
+    ("ProtectHostname", "yes"),
+    ("RestrictSUIDSGID", "yes"),
+    ("RestrictRealtime", "yes"),
+    ("RestrictNamespaces", "yes"),
+    ("LockPersonality", "yes"),
+    ("SystemCallArchitectures", "native"),
+    ("CapabilityBoundingSet", ""),
+    ("AmbientCapabilities", ""),
+    ("RestrictAddressFamilies", "AF_INET AF_INET6 AF_UNIX AF_NETLINK"),
+    ("UMask", "0077"),
+)
+
+
+def hardening(values: Mapping[str, str | None] | None = None,
+              after: Mapping[str, Sequence[str]] | None = None) -> list[str]:
+    """:data:`HARDENING` as ``[Service]`` lines, with one unit's differences: ``values`` gives a setting
+    another value (None leaves it out), ``after`` adds lines right after a setting's place (left out or
+    not). A name that is not in HARDENING raises UnitError."""
+    values, after = dict(values or {}), dict(after or {})
+    unknown = sorted((set(values) | set(after)) - {key for key, _ in HARDENING})
+    if unknown:
+        raise UnitError("not a hardening setting: %s (known: %s)"
+                        % (", ".join(unknown), ", ".join(key for key, _ in HARDENING)))
+    lines: list[str] = []
+    for key, default in HARDENING:
+        value = values.get(key, default)
+        if value is not None:
+            lines.append("%s=%s" % (key, value))
+        lines += [str(line) for line in after.get(key, ())]
+    return lines
+
+
 def device_policy(backend: str | None) -> list[str]:
     """The ``[Service]`` lines that decide which device nodes a llama.cpp ``backend`` build reaches.
 
@@ -184,32 +230,8 @@ def render_systemd_unit(argv: Sequence[str], header: str = "", description: str 
     lines.append("ExecStart=%s" % systemd_exec(argv))
     if timeout_start_sec is not None:
         lines.append("TimeoutStartSec=%d" % int(timeout_start_sec))
-    lines += [
-        "Restart=%s" % restart,
-        "RestartSec=%d" % int(restart_sec),
-        "",
-        "NoNewPrivileges=yes",
-        "ProtectSystem=strict",
-        "ProtectHome=%s" % protect_home,
-        "PrivateTmp=yes",
-    ]
-    lines += devices
-    lines += [
-        "ProtectKernelTunables=yes",
-        "ProtectKernelModules=yes",
-        "ProtectKernelLogs=yes",
-        "ProtectControlGroups=yes",
-        "ProtectHostname=yes",
-        "RestrictSUIDSGID=yes",
-        "RestrictRealtime=yes",
-        "RestrictNamespaces=yes",
-        "LockPersonality=yes",
-        "SystemCallArchitectures=native",
-        "CapabilityBoundingSet=",
-        "AmbientCapabilities=",
-        "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX AF_NETLINK",
-        "UMask=0077",
-    ]
+    lines += ["Restart=%s" % restart, "RestartSec=%d" % int(restart_sec), ""]
+    lines += hardening({"ProtectHome": protect_home}, after={"PrivateTmp": devices})
     for path in read_write_paths:
         lines.append("ReadWritePaths=%s" % systemd_quote(path))
     for path in read_only_paths:
@@ -236,6 +258,20 @@ def render_exec_dropin(argv: Sequence[str], exec_start_pre: Sequence[Sequence[st
     return "\n".join(lines)
 
 
+# The plan switch's differences from HARDENING (values, after): root, talking to systemd over its private
+# socket alone (AF_UNIX, no network, no devices), writing only the runtime drop-in folder, its files readable
+# by all (UMask 0022). It never had the other settings HARDENING adds (kernel logs, hostname, SUID/SGID,
+# realtime, ambient capabilities), and its lines keep the order they had before the list was shared: adding
+# or moving any would change the unit on every deployed orchestrator.
+PLAN_SWITCH_HARDENING: tuple[dict[str, str | None], dict[str, tuple[str, ...]]] = (
+    {"ProtectKernelLogs": None, "ProtectHostname": None, "RestrictSUIDSGID": None, "RestrictRealtime": None,
+     "AmbientCapabilities": None, "RestrictAddressFamilies": None, "UMask": "0022"},
+    {"PrivateTmp": ("PrivateDevices=yes", "PrivateNetwork=yes"),
+     "ProtectControlGroups": ("RestrictAddressFamilies=AF_UNIX",),
+     "CapabilityBoundingSet": ("ReadWritePaths=-/run/systemd/system",)},
+)
+
+
 def render_plan_switch_units(python: Sequence[str] = HOST_PYTHON, module: str = GATE_MODULE,
                              header: str = "") -> tuple[str, str]:
     """The root service that puts the plan the gate asks for in place, and the path unit that starts it when
@@ -249,12 +285,8 @@ def render_plan_switch_units(python: Sequence[str] = HOST_PYTHON, module: str = 
         # no ordering against llama-server: its start job may wait for a lost worker, and an ordered start job
         # of the switch would wait behind it
         "[Unit]", "Description=llamafleet: switch llama-server between its full and degraded plans",
-        "", "[Service]", "Type=oneshot", "ExecStart=%s" % systemd_exec(argv),
-        "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "PrivateDevices=yes",
-        "PrivateNetwork=yes", "ProtectKernelTunables=yes", "ProtectKernelModules=yes", "ProtectControlGroups=yes",
-        "RestrictAddressFamilies=AF_UNIX", "RestrictNamespaces=yes", "LockPersonality=yes",
-        "SystemCallArchitectures=native", "CapabilityBoundingSet=",
-        "ReadWritePaths=-/run/systemd/system", "UMask=0022", ""]
+        "", "[Service]", "Type=oneshot", "ExecStart=%s" % systemd_exec(argv)]
+    service += hardening(*PLAN_SWITCH_HARDENING) + [""]
     path = head + [
         "[Unit]", "Description=llamafleet: watch the serving gate's plan request", "",
         "[Path]", "PathChanged=%s" % PLAN_REQUEST_PATH, "Unit=%s" % PLAN_SWITCH_UNIT, "",

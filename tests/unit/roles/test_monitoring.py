@@ -331,6 +331,39 @@ def test_the_metrics_writer_is_hardened_like_rpc_server(rendered: Path) -> None:
             "RestrictAddressFamilies=AF_UNIX AF_NETLINK", "ReadWritePaths=" + c.NODE_EXPORTER_TEXTFILE_DIR} <= set(lines)
 
 
+# The metrics writer's hardening as deployed hosts have it: the template reads the one list (unit_hardening),
+# and a change of these lines would change the unit on every worker.
+METRICS_HARDENING_DEPLOYED = """\
+User=root
+NoNewPrivileges=yes
+ProtectSystem=strict
+ReadWritePaths=%s
+ProtectHome=yes
+PrivateTmp=yes
+PrivateDevices=yes
+ProtectClock=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectHostname=yes
+RestrictSUIDSGID=yes
+RestrictRealtime=yes
+RestrictNamespaces=yes
+LockPersonality=yes
+SystemCallArchitectures=native
+CapabilityBoundingSet=CAP_DAC_READ_SEARCH
+AmbientCapabilities=
+RestrictAddressFamilies=AF_UNIX AF_NETLINK
+UMask=0022
+""" % c.NODE_EXPORTER_TEXTFILE_DIR
+
+
+def test_the_metrics_writers_hardening_is_the_deployed_one(rendered: Path) -> None:
+    text = (rendered / "rpc-metrics.service").read_text()
+    assert text.endswith("\n" + METRICS_HARDENING_DEPLOYED), text[-1200:]
+
+
 def test_the_timer_runs_at_once_then_every_interval(rendered: Path) -> None:
     text = (rendered / "rpc-metrics.timer").read_text()
     assert {"OnActiveSec=0", "OnUnitActiveSec=15s", "WantedBy=timers.target"} <= set(text.splitlines())

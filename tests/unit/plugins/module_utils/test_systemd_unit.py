@@ -24,7 +24,10 @@ from llamafleet.core.constants import (
 from llamafleet.core.llama_flags import FlagError
 from llamafleet.core.systemd_unit import (
     BACKEND_DEVICE_NODES,
+    HARDENING,
     UnitError,
+    device_policy,
+    hardening,
     render_gate_unit,
     render_rpc_guard_unit,
     render_rpc_server_unit,
@@ -411,6 +414,45 @@ def test_plan_switch_units() -> None:
     assert ("Path", "PathChanged", constants.PLAN_REQUEST_PATH) in directives(path)
     assert ("Path", "Unit", constants.PLAN_SWITCH_UNIT) in directives(path)
     assert service.startswith("# managed\n") and path.startswith("# managed\n")
+
+
+# The plan switch's [Service] as deployed orchestrators have it (llama_server_degrade): it reads the one list
+# with its own differences, and a change of these lines would change the unit on every orchestrator.
+PLAN_SWITCH_HARDENING_DEPLOYED = [
+    "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "PrivateDevices=yes",
+    "PrivateNetwork=yes", "ProtectKernelTunables=yes", "ProtectKernelModules=yes", "ProtectControlGroups=yes",
+    "RestrictAddressFamilies=AF_UNIX", "RestrictNamespaces=yes", "LockPersonality=yes",
+    "SystemCallArchitectures=native", "CapabilityBoundingSet=",
+    "ReadWritePaths=-/run/systemd/system", "UMask=0022", ""]
+
+
+def test_plan_switch_hardening_is_the_deployed_one() -> None:
+    from llamafleet.core.systemd_unit import render_plan_switch_units  # as test_plan_switch_units does
+
+    service, _path = render_plan_switch_units()
+    lines = service.split("\n")
+    assert lines[lines.index("NoNewPrivileges=yes"):] == PLAN_SWITCH_HARDENING_DEPLOYED
+
+
+def test_hardening_is_one_list_with_a_units_differences() -> None:
+    assert hardening() == ["%s=%s" % setting for setting in HARDENING]
+    changed = hardening({"UMask": "0022", "ProtectHostname": None}, after={"NoNewPrivileges": ["A=1", "B=2"],
+                                                                           "ProtectHostname": ["C=3"]})
+    assert changed[:4] == ["NoNewPrivileges=yes", "A=1", "B=2", "ProtectSystem=strict"]
+    assert "ProtectHostname=yes" not in changed and changed[changed.index("C=3") + 1] == "RestrictSUIDSGID=yes"
+    assert changed[-1] == "UMask=0022" and len(changed) == len(HARDENING) + 2
+    with pytest.raises(UnitError, match="not a hardening setting: ProtectSystm"):
+        hardening({"ProtectSystm": "full"})
+    with pytest.raises(UnitError, match="not a hardening setting: Nope"):
+        hardening(after={"Nope": ["X=1"]})
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda", None])
+def test_service_units_take_the_list_whole_with_their_device_policy(backend: str | None) -> None:
+    lines = render_systemd_unit(["/opt/llama-server"], backend=backend, protect_home="read-only").splitlines()
+    start = lines.index("NoNewPrivileges=yes")
+    expected = hardening({"ProtectHome": "read-only"}, after={"PrivateTmp": device_policy(backend)})
+    assert lines[start:start + len(expected)] == expected
 
 
 def test_exec_dropin_resets_then_replaces_the_start_commands() -> None:
