@@ -22,7 +22,7 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from llamafleet.core import gguf, llama_flags, split_plan
+from llamafleet.core import gguf_facts, llama_flags, split_plan
 
 MIB = 1024 * 1024
 HELP_FIXTURE = os.path.join(ROOT, "tests", "unit", "fixtures", "llamacpp", "llama-server_0c1e570_help_real.txt")
@@ -78,7 +78,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = parser.parse_args()
 
-    facts = gguf.model_facts(args.model) if args.model else llama70b_q4km()
+    facts = gguf_facts.model_facts(args.model) if args.model else llama70b_q4km()
     try:
         plan = split_plan.plan_split(FLEET["workers"], FLEET["orchestrator"], facts, ctx_size=args.ctx,
                                      n_parallel=args.parallel, cache_type_k=args.cache_type, policy=args.policy,

@@ -9,9 +9,9 @@ import struct
 import time
 from typing import Callable
 
-from llamafleet.bench.rpcproxy import (GET_TENSOR_REQ, REPLY_HEADER, REPLY_SIZES, RPC_TENSOR, Cmd, command_name,
-                                       reply_size, request_frame)
 from llamafleet.core import rpc_proto
+from llamafleet.core.rpc_proto import (GET_TENSOR_REQ, REPLY_HEADER, REPLY_SIZES, RPC_TENSOR, Cmd, command_name,
+                                       reply_size, request_frame)
 
 # Bytes a GET_TENSOR / SET_TENSOR probe moves.
 PROBE_BYTES = 4096

@@ -12,19 +12,9 @@ role copies it and ``rpc_proto.py`` under their library names (``llamafleet/benc
 ``llamafleet/core/``, namespace packages) and runs ``python3 -m llamafleet.bench.rpcproxy``
 with that folder on PYTHONPATH.
 
-Wire format (llama.cpp 0c1e570, ggml/src/ggml-rpc/ggml-rpc.cpp; integers little-endian)
------------------------------------------------------------------------------------------
-Every request, HELLO included, is ``u8 command | u64 size | size bytes`` (the
-client's ``send_rpc_cmd``); every reply is ``u64 size | size bytes``
-(``send_msg``). HELLO must come first. Which commands the server answers, and
-with how many bytes (``rpc_serve_client``), is REPLY_SIZES below: GET_TENSOR
-answers as many bytes as its request asks for; FREE_BUFFER, BUFFER_CLEAR,
-MEMSET_TENSOR, SET_TENSOR, INIT_TENSOR, GRAPH_COMPUTE and GRAPH_RECOMPUTE have
-no reply at all. The client (one dispatcher thread per endpoint) sends the
-unanswered ones back to back and blocks only on the next answered command, so a
-token's inputs (9 SET_TENSOR for gemma-3), its GRAPH_COMPUTE (GRAPH_RECOMPUTE
-when the graph is reused) and the GET_TENSOR of its output travel as one burst
-that ends in one round trip per device.
+The wire format, the command table, which commands are answered with how many bytes, and the
+readers of both directions of the stream (FrameParser, HelloReplyFilter) are rpc_proto's
+(``llamafleet.core.rpc_proto``).
 
 Delay model
 -----------
@@ -57,8 +47,8 @@ any other byte; the order of the stream never changes.
 
 HELLO carries 24 bytes of transport capabilities each way (RDMA parameters when
 both sides were built with GGML_RPC_RDMA). The proxy zeroes them in both
-directions so the two ends stay on the TCP connection it relays: an RDMA link
-would bypass it.
+directions (rpc_proto's FrameParser and HelloReplyFilter) so the two ends stay on the TCP
+connection it relays: an RDMA link would bypass it.
 
 Control (what a transient systemd unit can take: ``systemctl kill -s SIGUSR1 UNIT``)
 ------------------------------------------------------------------------------------
@@ -88,7 +78,6 @@ a proxy the delay it really adds.
 from __future__ import annotations
 
 import argparse
-import enum
 import json
 import math
 import os
@@ -99,62 +88,11 @@ import struct
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from llamafleet.core import rpc_proto
+from llamafleet.core.rpc_proto import Cmd, Frame, FrameParser, HelloReplyFilter, format_endpoint, reply_size
 
-
-class Cmd(enum.IntEnum):
-    """enum rpc_cmd of ggml-rpc.cpp (llama.cpp 0c1e570), in its order."""
-
-    ALLOC_BUFFER = 0
-    GET_ALIGNMENT = 1
-    GET_MAX_SIZE = 2
-    BUFFER_GET_BASE = 3
-    FREE_BUFFER = 4
-    BUFFER_CLEAR = 5
-    SET_TENSOR = 6
-    SET_TENSOR_HASH = 7
-    GET_TENSOR = 8
-    COPY_TENSOR = 9
-    GRAPH_COMPUTE = 10
-    GET_DEVICE_MEMORY = 11
-    INIT_TENSOR = 12
-    GET_ALLOC_SIZE = 13
-    HELLO = 14
-    DEVICE_COUNT = 15
-    GRAPH_RECOMPUTE = 16
-    MEMSET_TENSOR = 17
-    NONE = 18  # client-side marker, never sent; the server hangs up on it
-
-
-if Cmd.HELLO != rpc_proto.RPC_CMD_HELLO:  # static_assert(RPC_CMD_HELLO == 14) upstream
-    raise ImportError("rpc_proto.RPC_CMD_HELLO disagrees with the command table")
-
-# Request header and reply header.
-HEADER = struct.Struct("<BQ")
-REPLY_HEADER = struct.Struct("<Q")
-# struct rpc_tensor (packed, 296 bytes): id, type, buffer, ne[4], nb[4], op, op_params[16], flags,
-# src[10], view_src, view_offs, data, name[64], use_count.
-RPC_TENSOR = struct.Struct("<QIQ4I4II16ii10QQQQ64si")
-# GET_TENSOR request: rpc_tensor, offset, size (the size of the reply).
-GET_TENSOR_REQ = struct.Struct("<%dsQQ" % RPC_TENSOR.size)
-
-# Reply payload size of each answered command (rpc_serve_client); GET_TENSOR: see reply_size().
-REPLY_SIZES: dict[Cmd, int] = {
-    Cmd.HELLO: 4 + rpc_proto.HELLO_CAPS_SIZE,  # major, minor, patch, padding, conn_caps[24]
-    Cmd.DEVICE_COUNT: 4,
-    Cmd.ALLOC_BUFFER: 16,  # remote_ptr, remote_size
-    Cmd.GET_ALLOC_SIZE: 8,
-    Cmd.GET_ALIGNMENT: 8,
-    Cmd.GET_MAX_SIZE: 8,
-    Cmd.BUFFER_GET_BASE: 8,
-    Cmd.SET_TENSOR_HASH: 1,  # 1: the server had the data in its cache
-    Cmd.COPY_TENSOR: 1,
-    Cmd.GET_DEVICE_MEMORY: 16,  # free, total
-}
 
 MODES: dict[str, frozenset[int]] = {
     "compute": frozenset({Cmd.GRAPH_COMPUTE, Cmd.GRAPH_RECOMPUTE}),
@@ -170,122 +108,12 @@ RATE_SLICE = 64 * 1024
 RATE_BURST_S = 0.010
 
 
-def command_name(command: int) -> str:
-    """``GRAPH_COMPUTE`` for 10; ``UNKNOWN_200`` for what is not a command."""
-    try:
-        return Cmd(command).name
-    except ValueError:
-        return "UNKNOWN_%d" % command
-
-
-def reply_size(command: int, payload: bytes) -> int | None:
-    """Payload size of the server's answer to a request, or None when it sends none."""
-    if command == Cmd.GET_TENSOR:
-        return GET_TENSOR_REQ.unpack(payload)[2]
-    return REPLY_SIZES.get(command)  # type: ignore[call-overload]
-
-
-def request_frame(command: int, payload: bytes = b"") -> bytes:
-    """A request as the client sends it: ``u8 command | u64 size | payload``."""
-    return HEADER.pack(command, len(payload)) + payload
-
-
 def delayed_commands(mode: str) -> frozenset[int]:
     """The commands a mode delays; ValueError naming the modes for an unknown one."""
     try:
         return MODES[mode]
     except KeyError:
         raise ValueError("unknown mode %r: use one of %s" % (mode, ", ".join(MODES))) from None
-
-
-@dataclass(frozen=True)
-class Frame:
-    """A request header: its command and payload size."""
-
-    command: int
-    size: int
-
-    @property
-    def name(self) -> str:
-        return command_name(self.command)
-
-
-class FrameParser:
-    """Cuts the client->server byte stream into requests, whatever the read boundaries.
-
-    ``feed`` returns pieces ``(frame, bytes)`` that concatenate to the input, in
-    order: ``frame`` is set on the piece that begins with a complete request
-    header, None on payload that continues the current request. A header split
-    over reads is held back until it is complete. HELLO payloads (transport
-    capabilities) come out as zeros.
-    """
-
-    def __init__(self) -> None:
-        self._head = bytearray()
-        self._left = 0
-        self._command = -1
-
-    def feed(self, data: bytes) -> list[tuple[Frame | None, bytes]]:
-        pieces: list[tuple[Frame | None, bytes]] = []
-        view = memoryview(data)
-        while view:
-            if self._left:
-                take = min(self._left, len(view))
-                body = bytes(take) if self._command == Cmd.HELLO else bytes(view[:take])
-                pieces.append((None, body))
-                self._left -= take
-                view = view[take:]
-                continue
-            need = HEADER.size - len(self._head)
-            self._head += view[:need]
-            view = view[need:]
-            if len(self._head) < HEADER.size:
-                break
-            command, size = HEADER.unpack(self._head)
-            frame = Frame(command, size)
-            self._command, self._left = command, size
-            pieces.append((frame, bytes(self._head)))
-            self._head.clear()
-        return _merge(pieces)
-
-
-def _merge(pieces: list[tuple[Frame | None, bytes]]) -> list[tuple[Frame | None, bytes]]:
-    """Join each header piece with the payload pieces that follow it (fewer, larger sends)."""
-    merged: list[tuple[Frame | None, bytes]] = []
-    for frame, data in pieces:
-        if frame is None and merged:
-            merged[-1] = (merged[-1][0], merged[-1][1] + data)
-        else:
-            merged.append((frame, data))
-    return merged
-
-
-class HelloReplyFilter:
-    """Passes the server->client stream through, with the HELLO answer's capabilities zeroed.
-
-    The first reply on a connection answers HELLO: ``u64 size | major minor
-    patch padding | conn_caps[24]`` (older servers: three version bytes only).
-    """
-
-    def __init__(self) -> None:
-        self._pending: bytearray | None = bytearray()
-
-    def feed(self, data: bytes) -> bytes:
-        if self._pending is None:
-            return data
-        self._pending += data
-        if len(self._pending) < REPLY_HEADER.size:
-            return b""
-        (size,) = REPLY_HEADER.unpack_from(self._pending)
-        end = REPLY_HEADER.size + size
-        if len(self._pending) < end:
-            return b""
-        out = self._pending
-        self._pending = None
-        caps_at = REPLY_HEADER.size + 4
-        if size >= 4 + rpc_proto.HELLO_CAPS_SIZE:
-            out[caps_at:caps_at + rpc_proto.HELLO_CAPS_SIZE] = bytes(rpc_proto.HELLO_CAPS_SIZE)
-        return bytes(out)
 
 
 def rate_burst(rate_mbit: float) -> int:
@@ -419,7 +247,7 @@ class _Link:
         try:
             upstream = socket.create_connection(proxy.upstream, timeout=proxy.connect_timeout)
         except OSError as exc:
-            proxy.log("cannot connect to upstream %s: %s" % (rpc_proto.format_endpoint(*proxy.upstream), exc))
+            proxy.log("cannot connect to upstream %s: %s" % (format_endpoint(*proxy.upstream), exc))
             _abort(client)
             client.close()
             return
@@ -554,7 +382,7 @@ class RpcProxy:
             self._server = socket.create_server(listen, backlog=16)
         except OSError as exc:
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
-            raise OSError("cannot listen on %s: %s" % (rpc_proto.format_endpoint(*listen), reason)) from None
+            raise OSError("cannot listen on %s: %s" % (format_endpoint(*listen), reason)) from None
         self._server.settimeout(0.2)
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
@@ -584,8 +412,8 @@ class RpcProxy:
 
     def describe(self) -> dict:
         """Configuration and counters, as the stats file holds them."""
-        return {"listen": rpc_proto.format_endpoint(*self.address),
-                "upstream": rpc_proto.format_endpoint(*self.upstream), "mode": self.mode,
+        return {"listen": format_endpoint(*self.address),
+                "upstream": format_endpoint(*self.upstream), "mode": self.mode,
                 "delay_ms": self.delay_s * 1000, "rate_mbit": self.rate_mbit, "armed": self.armed,
                 "pid": os.getpid(), "written_at": time.time(), **self.stats.snapshot()}
 
@@ -600,7 +428,7 @@ class RpcProxy:
                 if self._closed.is_set():
                     return
                 raise
-            self.log("connection from %s" % rpc_proto.format_endpoint(*peer[:2]))
+            self.log("connection from %s" % format_endpoint(*peer[:2]))
             threading.Thread(target=_Link(self, client).run, daemon=True).start()
 
     def start(self) -> RpcProxy:
@@ -687,7 +515,7 @@ def control_loop(proxy: RpcProxy, stats_path: Path | None, interval: float) -> N
         signal.signal(signum, on_signal)
     proxy.start()
     proxy.log("listening on %s, %s, delay %.1f ms, mode %s, %s" % (
-        rpc_proto.format_endpoint(*proxy.address), "armed" if proxy.armed else "disarmed",
+        format_endpoint(*proxy.address), "armed" if proxy.armed else "disarmed",
         proxy.delay_s * 1000, proxy.mode,
         "rate %g Mbit/s" % proxy.rate_mbit if proxy.rate_mbit else "no rate cap"))
     written, stop = -1, False

@@ -63,10 +63,10 @@ from .gguf import (
     GGUFError,
     GGUFFile,
     GGUFIncomplete,
-    architecture,
     data_end,
     read_gguf_prefix,
 )
+from .gguf_facts import architecture
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(?:\d+-\d+|\*)/(\d+)\s*$", re.IGNORECASE)

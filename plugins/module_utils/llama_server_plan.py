@@ -18,7 +18,8 @@ import tempfile
 from typing import Any
 
 from .backends import BACKENDS
-from .gguf import GGUFError, model_facts
+from .gguf import GGUFError
+from .gguf_facts import model_facts
 from .llama_flags import FlagError, render_llama_server_argv
 from .constants import PLAN_SWITCH_UNIT
 from .serving_gate import degrade_plans, plan_workers

@@ -1,12 +1,21 @@
 # -*- coding: utf-8 -*-
 # Copyright: llamafleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""A minimal client for the HELLO handshake of llama.cpp's RPC protocol.
+"""llama.cpp's RPC protocol: its command table and framing, and a minimal client for the HELLO handshake.
 
-Framing, as ggml/src/ggml-rpc/ggml-rpc.cpp defines it (all integers little-endian):
+Framing, as ggml/src/ggml-rpc/ggml-rpc.cpp defines it (llama.cpp 0c1e570; all integers little-endian):
 
-- request: ``u8 command | u64 payload size | payload``
-- response: ``u64 payload size | payload``
+- request: ``u8 command | u64 payload size | payload`` (the client's ``send_rpc_cmd``), :data:`HEADER`
+- response: ``u64 payload size | payload`` (``send_msg``), :data:`REPLY_HEADER`
+
+Which commands the server answers, and with how many bytes (``rpc_serve_client``), is
+:data:`REPLY_SIZES`: GET_TENSOR answers as many bytes as its request asks for; FREE_BUFFER,
+BUFFER_CLEAR, MEMSET_TENSOR, SET_TENSOR, INIT_TENSOR, GRAPH_COMPUTE and GRAPH_RECOMPUTE have no
+reply at all. The client (one dispatcher thread per endpoint) sends the unanswered ones back to
+back and blocks only on the next answered command, so a token's inputs (9 SET_TENSOR for gemma-3),
+its GRAPH_COMPUTE (GRAPH_RECOMPUTE when the graph is reused) and the GET_TENSOR of its output
+travel as one burst that ends in one round trip per device. The bench's proxy
+(``llamafleet.bench.rpcproxy``) reads the stream with these.
 
 The first command on every connection must be HELLO (command 14). In protocol
 7 its payload is 24 bytes of transport capabilities (all zero: plain TCP) and
@@ -23,19 +32,68 @@ backlog and times out: that is reported as such, not as a dead server, and the
 probe's connection is reset rather than closed (see _close: a closed one would
 kill rpc-server later).
 
-Stdlib only (module_utils shared with the ``llamafleet`` library as ``llamafleet.core.rpc_proto``).
+Stdlib only (module_utils shared with the ``llamafleet`` library as ``llamafleet.core.rpc_proto``; a host
+script, and copied beside the bench's proxy on the orchestrator).
 """
 
 from __future__ import annotations
 
+import enum
 import socket
 import struct
 import time
 from dataclasses import dataclass
 from typing import Callable
 
-RPC_CMD_HELLO = 14
+
+class Cmd(enum.IntEnum):
+    """enum rpc_cmd of ggml-rpc.cpp (llama.cpp 0c1e570), in its order (HELLO is 14 in every version)."""
+
+    ALLOC_BUFFER = 0
+    GET_ALIGNMENT = 1
+    GET_MAX_SIZE = 2
+    BUFFER_GET_BASE = 3
+    FREE_BUFFER = 4
+    BUFFER_CLEAR = 5
+    SET_TENSOR = 6
+    SET_TENSOR_HASH = 7
+    GET_TENSOR = 8
+    COPY_TENSOR = 9
+    GRAPH_COMPUTE = 10
+    GET_DEVICE_MEMORY = 11
+    INIT_TENSOR = 12
+    GET_ALLOC_SIZE = 13
+    HELLO = 14
+    DEVICE_COUNT = 15
+    GRAPH_RECOMPUTE = 16
+    MEMSET_TENSOR = 17
+    NONE = 18  # client-side marker, never sent; the server hangs up on it
+
+
 HELLO_CAPS_SIZE = 24
+# Request header and reply header.
+HEADER = struct.Struct("<BQ")
+REPLY_HEADER = struct.Struct("<Q")
+# struct rpc_tensor (packed, 296 bytes): id, type, buffer, ne[4], nb[4], op, op_params[16], flags,
+# src[10], view_src, view_offs, data, name[64], use_count.
+RPC_TENSOR = struct.Struct("<QIQ4I4II16ii10QQQQ64si")
+# GET_TENSOR request: rpc_tensor, offset, size (the size of the reply).
+GET_TENSOR_REQ = struct.Struct("<%dsQQ" % RPC_TENSOR.size)
+
+# Reply payload size of each answered command (rpc_serve_client); GET_TENSOR: see reply_size().
+REPLY_SIZES: dict[Cmd, int] = {
+    Cmd.HELLO: 4 + HELLO_CAPS_SIZE,  # major, minor, patch, padding, conn_caps[24]
+    Cmd.DEVICE_COUNT: 4,
+    Cmd.ALLOC_BUFFER: 16,  # remote_ptr, remote_size
+    Cmd.GET_ALLOC_SIZE: 8,
+    Cmd.GET_ALIGNMENT: 8,
+    Cmd.GET_MAX_SIZE: 8,
+    Cmd.BUFFER_GET_BASE: 8,
+    Cmd.SET_TENSOR_HASH: 1,  # 1: the server had the data in its cache
+    Cmd.COPY_TENSOR: 1,
+    Cmd.GET_DEVICE_MEMORY: 16,  # free, total
+}
+
 # No HELLO answer is anywhere near this; a bigger size means the peer is not an rpc-server.
 _MAX_HELLO_RESPONSE = 4096
 
@@ -79,9 +137,119 @@ def format_endpoint(host: str, port: int) -> str:
     return "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
 
 
+def command_name(command: int) -> str:
+    """``GRAPH_COMPUTE`` for 10; ``UNKNOWN_200`` for what is not a command."""
+    try:
+        return Cmd(command).name
+    except ValueError:
+        return "UNKNOWN_%d" % command
+
+
+def reply_size(command: int, payload: bytes) -> int | None:
+    """Payload size of the server's answer to a request, or None when it sends none."""
+    if command == Cmd.GET_TENSOR:
+        return GET_TENSOR_REQ.unpack(payload)[2]
+    return REPLY_SIZES.get(command)  # type: ignore[call-overload]
+
+
+def request_frame(command: int, payload: bytes = b"") -> bytes:
+    """A request as the client sends it: ``u8 command | u64 size | payload``."""
+    return HEADER.pack(command, len(payload)) + payload
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A request header: its command and payload size."""
+
+    command: int
+    size: int
+
+    @property
+    def name(self) -> str:
+        return command_name(self.command)
+
+
+class FrameParser:
+    """Cuts the client->server byte stream into requests, whatever the read boundaries.
+
+    ``feed`` returns pieces ``(frame, bytes)`` that concatenate to the input, in
+    order: ``frame`` is set on the piece that begins with a complete request
+    header, None on payload that continues the current request. A header split
+    over reads is held back until it is complete. HELLO payloads (transport
+    capabilities) come out as zeros.
+    """
+
+    def __init__(self) -> None:
+        self._head = bytearray()
+        self._left = 0
+        self._command = -1
+
+    def feed(self, data: bytes) -> list[tuple[Frame | None, bytes]]:
+        pieces: list[tuple[Frame | None, bytes]] = []
+        view = memoryview(data)
+        while view:
+            if self._left:
+                take = min(self._left, len(view))
+                body = bytes(take) if self._command == Cmd.HELLO else bytes(view[:take])
+                pieces.append((None, body))
+                self._left -= take
+                view = view[take:]
+                continue
+            need = HEADER.size - len(self._head)
+            self._head += view[:need]
+            view = view[need:]
+            if len(self._head) < HEADER.size:
+                break
+            command, size = HEADER.unpack(self._head)
+            frame = Frame(command, size)
+            self._command, self._left = command, size
+            pieces.append((frame, bytes(self._head)))
+            self._head.clear()
+        return _merge(pieces)
+
+
+def _merge(pieces: list[tuple[Frame | None, bytes]]) -> list[tuple[Frame | None, bytes]]:
+    """Join each header piece with the payload pieces that follow it (fewer, larger sends)."""
+    merged: list[tuple[Frame | None, bytes]] = []
+    for frame, data in pieces:
+        if frame is None and merged:
+            merged[-1] = (merged[-1][0], merged[-1][1] + data)
+        else:
+            merged.append((frame, data))
+    return merged
+
+
+class HelloReplyFilter:
+    """Passes the server->client stream through, with the HELLO answer's capabilities zeroed.
+
+    The first reply on a connection answers HELLO: ``u64 size | major minor
+    patch padding | conn_caps[24]`` (older servers: three version bytes only).
+    """
+
+    def __init__(self) -> None:
+        self._pending: bytearray | None = bytearray()
+
+    def feed(self, data: bytes) -> bytes:
+        if self._pending is None:
+            return data
+        self._pending += data
+        if len(self._pending) < REPLY_HEADER.size:
+            return b""
+        (size,) = REPLY_HEADER.unpack_from(self._pending)
+        end = REPLY_HEADER.size + size
+        if len(self._pending) < end:
+            return b""
+        out = self._pending
+        self._pending = None
+        caps_at = REPLY_HEADER.size + 4
+        if size >= 4 + HELLO_CAPS_SIZE:
+            out[caps_at:caps_at + HELLO_CAPS_SIZE] = bytes(HELLO_CAPS_SIZE)
+        return bytes(out)
+
+
 def hello_request(caps_size: int = HELLO_CAPS_SIZE) -> bytes:
     """The HELLO command as sent on the wire; ``caps_size=0`` gives the pre-7 form."""
-    return struct.pack("<BQ", RPC_CMD_HELLO, caps_size) + bytes(caps_size)
+    return request_frame(Cmd.HELLO, bytes(caps_size))
 
 
 def parse_hello_payload(endpoint: str, payload: bytes) -> tuple[int, int, int]:
@@ -122,7 +290,7 @@ def _exchange(host: str, port: int, timeout: float, caps_size: int) -> tuple[int
         sock.settimeout(max(0.001, deadline - time.monotonic()))
         sock.sendall(hello_request(caps_size))
         header = _recv_exactly(sock, 8, endpoint)
-        (size,) = struct.unpack("<Q", header)
+        (size,) = REPLY_HEADER.unpack(header)
         if size > _MAX_HELLO_RESPONSE:
             raise RPCProtocolError(endpoint, "answered %r, which is not an RPC HELLO answer: "
                                    "is this port a llama.cpp rpc-server?" % header)

@@ -334,7 +334,7 @@ def plan_split(workers: Sequence[Mapping[str, Any]],
         returns], "rtt_ms" (optional, the measured round trip to it)}``.
     :param orchestrator: ``{"host", "devices": [...]}``, the llama-server host;
         its GPUs are used after the RPC devices; CPU entries are ignored.
-    :param model: model facts (:func:`gguf.model_facts`).
+    :param model: model facts (:func:`gguf_facts.model_facts`).
     :param ctx_size: total context (``-c``); 0 means the model's training context.
     :param n_parallel: slots (``-np``); 0 chooses them from the context
         (split_units.auto_slots). With a non-unified KV cache each slot gets its

@@ -283,7 +283,7 @@ def check_facts(facts: Mapping[str, Any]) -> int:
     """``n_layer`` of model facts that have what the planner needs; PlanError otherwise."""
     for key in ("n_layer", "layer_bytes", "output_bytes"):
         if key not in facts:
-            raise PlanError("model facts lack %r (use gguf.model_facts on the model file)" % key)
+            raise PlanError("model facts lack %r (use gguf_facts.model_facts on the model file)" % key)
     n_layer = facts["n_layer"]
     if isinstance(n_layer, bool) or not isinstance(n_layer, int) or n_layer <= 0:
         raise PlanError("model facts n_layer is %r, expected a positive integer" % (n_layer,))

@@ -48,7 +48,7 @@ options:
     elements: path
   model_facts:
     description:
-      - Model facts as C(gguf.model_facts) returns them; when given, the planner uses them instead of
+      - Model facts as C(gguf_facts.model_facts) returns them; when given, the planner uses them instead of
         reading O(model) (which is still needed to render the command line).
     type: dict
   ctx_size:

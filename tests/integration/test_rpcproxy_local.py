@@ -37,7 +37,8 @@ from pathlib import Path
 import pytest
 
 from llamafleet.bench import measure
-from llamafleet.bench.rpcproxy import Cmd, delayed_commands
+from llamafleet.bench.rpcproxy import delayed_commands
+from llamafleet.core.rpc_proto import Cmd
 from tests.rpc_client import RpcClient, added_delay_ms, measure_round_trip, set_tensor_payload
 from tests.integration import test_llamacpp_local as local
 

@@ -111,3 +111,31 @@ def write_gguf(path: str | os.PathLike[str], metadata: dict[str, Any],
     path = Path(path)
     path.write_bytes(bytes(out))
     return path
+
+
+def llama_meta(**extra: Any) -> dict[str, Any]:
+    """A small llama model's metadata (2 layers, 64 wide, 8 heads, 2 KV heads), ``extra`` keys set (None: left out)."""
+    meta = {
+        "general.architecture": "llama",
+        "llama.block_count": 2,
+        "llama.embedding_length": 64,
+        "llama.context_length": 4096,
+        "llama.attention.head_count": 8,
+        "llama.attention.head_count_kv": 2,
+        "tokenizer.ggml.tokens": ["t%d" % i for i in range(100)],
+    }
+    meta.update(extra)
+    return {k: v for k, v in meta.items() if v is not None}
+
+
+def llama_tensors(tied: bool = False) -> list[tuple[str, tuple[int, ...], int]]:
+    """Its tensors: embedding, rope factors, two layers, a stray blk.2 tensor, output norm and (untied) output."""
+    f32, f16, q8_0 = 0, 1, 8  # ggml types
+    tensors = [("token_embd.weight", (64, 100), f16), ("rope_freqs.weight", (4,), f32)]
+    for layer in range(2):
+        tensors += [("blk.%d.attn_q.weight" % layer, (64, 64), f16),
+                    ("blk.%d.attn_norm.weight" % layer, (64,), f32)]
+    tensors += [("blk.2.nextn.weight", (64, 2), f16), ("output_norm.weight", (64,), f32)]
+    if not tied:
+        tensors.append(("output.weight", (64, 100), q8_0))
+    return tensors

@@ -18,15 +18,9 @@ from pathlib import Path
 import pytest
 
 from llamafleet.bench import rpcproxy
-from llamafleet.bench.rpcproxy import (
-    Cmd,
-    FrameParser,
-    HelloReplyFilter,
-    RpcProxy,
-    parse_address,
-    reply_size,
-    request_frame,
-)
+from llamafleet.bench.rpcproxy import RpcProxy, parse_address
+from llamafleet.core import rpc_proto
+from llamafleet.core.rpc_proto import Cmd, FrameParser, HelloReplyFilter, reply_size, request_frame
 from tests.rpc_client import RpcClient, measure_round_trip
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "rpc"
@@ -41,11 +35,11 @@ REPO = Path(__file__).resolve().parents[4]
 ])
 def test_command_numbers_are_llama_cpp_s(name: str, number: int) -> None:
     assert Cmd[name] == number
-    assert rpcproxy.command_name(number) == name
+    assert rpc_proto.command_name(number) == name
 
 
 def test_unknown_command_name() -> None:
-    assert rpcproxy.command_name(200) == "UNKNOWN_200"
+    assert rpc_proto.command_name(200) == "UNKNOWN_200"
 
 
 ALWAYS_DELAYED = {"compute": {"GRAPH_COMPUTE", "GRAPH_RECOMPUTE"},
@@ -65,7 +59,7 @@ def test_unknown_mode_names_the_modes() -> None:
 
 
 def tensor(data: int = 0x1000, n: int = 16) -> bytes:
-    return rpcproxy.RPC_TENSOR.pack(1, 0, 0x1000, n, 1, 1, 1, 4, 4 * n, 4 * n, 4 * n, 0, *([0] * 16), 0,
+    return rpc_proto.RPC_TENSOR.pack(1, 0, 0x1000, n, 1, 1, 1, 4, 4 * n, 4 * n, 4 * n, 0, *([0] * 16), 0,
                                     *([0] * 10), 0, 0, data, b"t", 0)
 
 
@@ -80,7 +74,7 @@ SESSION = [
     (Cmd.BUFFER_GET_BASE, struct.pack("<Q", 0x1000)),
     (Cmd.SET_TENSOR, tensor() + struct.pack("<BQ", 0, 0) + bytes(range(256)) * 4),
     (Cmd.GRAPH_COMPUTE, struct.pack("<III", 0, 0, 0)),
-    (Cmd.GET_TENSOR, rpcproxy.GET_TENSOR_REQ.pack(tensor(), 0, 64)),
+    (Cmd.GET_TENSOR, rpc_proto.GET_TENSOR_REQ.pack(tensor(), 0, 64)),
 ]
 
 
@@ -109,7 +103,7 @@ def test_parser_finds_every_frame_whatever_the_reads(how: str) -> None:
     assert [(f.command, f.size) for f in frames] == [(c, len(p)) for c, p in SESSION]
     assert frames[0].name == "HELLO" and frames[-1].name == "GET_TENSOR"
     # Every piece that starts a frame starts with its header; the bytes are the stream's, HELLO caps zeroed.
-    assert all(data[:9] == rpcproxy.HEADER.pack(f.command, f.size) for f, data in pieces if f is not None)
+    assert all(data[:9] == rpc_proto.HEADER.pack(f.command, f.size) for f, data in pieces if f is not None)
     expected = request_frame(Cmd.HELLO, bytes(24)) + session_bytes()[9 + 24:]
     assert b"".join(data for _, data in pieces) == expected
 
@@ -118,7 +112,7 @@ def test_parser_holds_a_split_header_back() -> None:
     parser = FrameParser()
     frame = request_frame(Cmd.GRAPH_COMPUTE, b"abc")
     assert parser.feed(frame[:5]) == []
-    assert parser.feed(frame[5:]) == [(rpcproxy.Frame(Cmd.GRAPH_COMPUTE, 3), frame)]
+    assert parser.feed(frame[5:]) == [(rpc_proto.Frame(Cmd.GRAPH_COMPUTE, 3), frame)]
 
 
 SESSIONS = json.loads((FIXTURES / "llama-server_0c1e570_gemma270m_sessions_real.json").read_text())["sessions"]
@@ -129,7 +123,7 @@ def payload(frame: list[int], cap: int | None = None) -> bytes:
     """A recorded request's payload rebuilt: zeros, GET_TENSOR asking for its recorded size (both capped)."""
     command, size = frame[:2]
     if command == Cmd.GET_TENSOR:
-        return rpcproxy.GET_TENSOR_REQ.pack(bytes(296), 0, min(frame[2], cap or frame[2]))
+        return rpc_proto.GET_TENSOR_REQ.pack(bytes(296), 0, min(frame[2], cap or frame[2]))
     return bytes(min(size, cap or size))
 
 
@@ -149,7 +143,7 @@ def test_parser_on_recorded_short_sessions(index: int) -> None:
     assert [[f.command, f.size] for f, _ in pieces if f] == [f[:2] for f in session["frames"]]
     assert b"".join(data for _, data in pieces) == client  # a TCP server: its HELLO caps were zero already
     assert HelloReplyFilter().feed(server) == server
-    assert rpcproxy.rpc_proto.parse_hello_payload("x", server[8:36]) == (7, 0, 0)
+    assert rpc_proto.parse_hello_payload("x", server[8:36]) == (7, 0, 0)
 
 
 def model_session_stream(cap: int | None = None, chunk: int = 100_003):
@@ -157,7 +151,7 @@ def model_session_stream(cap: int | None = None, chunk: int = 100_003):
     pending = bytearray()
     for frame in MODEL_SESSION["frames"]:
         body = payload(frame, cap)
-        pending += rpcproxy.HEADER.pack(frame[0], len(body))
+        pending += rpc_proto.HEADER.pack(frame[0], len(body))
         for at in range(0, len(body), 1 << 20):
             pending += body[at:at + (1 << 20)]
             while len(pending) >= chunk:
@@ -224,7 +218,7 @@ def test_hello_reply_filter_leaves_old_answers() -> None:
 @pytest.mark.parametrize(("command", "payload", "size"), [
     (Cmd.HELLO, bytes(24), 28), (Cmd.ALLOC_BUFFER, bytes(12), 16), (Cmd.GET_DEVICE_MEMORY, bytes(4), 16),
     (Cmd.DEVICE_COUNT, b"", 4), (Cmd.SET_TENSOR_HASH, bytes(312), 1),
-    (Cmd.GET_TENSOR, rpcproxy.GET_TENSOR_REQ.pack(bytes(296), 8, 777), 777),
+    (Cmd.GET_TENSOR, rpc_proto.GET_TENSOR_REQ.pack(bytes(296), 8, 777), 777),
     (Cmd.SET_TENSOR, bytes(400), None), (Cmd.GRAPH_COMPUTE, bytes(12), None), (Cmd.FREE_BUFFER, bytes(8), None),
 ])
 def test_reply_sizes_follow_the_server(command: Cmd, payload: bytes, size: int | None) -> None:
@@ -333,7 +327,7 @@ def test_no_upstream_resets_the_client() -> None:
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
     with RpcProxy(("127.0.0.1", 0), ("127.0.0.1", port), 1, "compute") as proxy:
-        with pytest.raises((ConnectionResetError, rpcproxy.rpc_proto.RPCClosed)):
+        with pytest.raises((ConnectionResetError, rpc_proto.RPCClosed)):
             RpcClient(*proxy.address, timeout=5)
 
 

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from llamafleet.bench import rpcproxy
-from llamafleet.bench.rpcproxy import Cmd, RpcProxy, TokenBucket, request_frame
+from llamafleet.bench.rpcproxy import RpcProxy, TokenBucket
+from llamafleet.core.rpc_proto import Cmd, request_frame
 
 
 class FakeClock:

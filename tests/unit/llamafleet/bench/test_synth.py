@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from llamafleet.core.gguf import model_facts, read_gguf
+from llamafleet.core.gguf import read_gguf
+from llamafleet.core.gguf_facts import model_facts
 from needs import require
 
 # synth writes with the gguf and numpy packages (pyproject's bench extra, in requirements/lock.txt)

@@ -819,7 +819,7 @@ def test_compare_a_fit_plan_by_its_devices_only() -> None:
 
 @needs(REAL_MODEL.exists(), "the lab model %s" % REAL_MODEL)
 def test_recorded_facts_are_the_real_files() -> None:
-    from llamafleet.core.gguf import model_facts
+    from llamafleet.core.gguf_facts import model_facts
 
     assert model_facts(str(REAL_MODEL)) == GEMMA
 
