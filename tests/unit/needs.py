@@ -10,6 +10,14 @@ import os
 
 import pytest
 
+from llamafleet.lab.artifacts import LLAMA_CPP_SOURCE, MODEL
+from llamafleet.lab.paths import cache_root
+
+# The lab's pinned model and llama.cpp source in $LLAMAFLEET_CACHE, where `make unit` fetches them first
+# (python -m llamafleet.lab.fetch), as `llamafleet lab up` does.
+LAB_MODEL = MODEL.path(cache_root())
+LAB_SOURCE = LLAMA_CPP_SOURCE.path(cache_root())
+
 
 def in_ci() -> bool:
     """Whether this run is CI's (the environment variable CI is "true")."""
@@ -28,3 +36,8 @@ def require(present: object, what: str) -> None:
 def needs(present: object, what: str) -> pytest.MarkDecorator:
     """Mark a test that needs ``what`` (``present``: whether this machine has it); conftest checks it at setup."""
     return pytest.mark.needs(bool(present), what)
+
+
+def needs_lab_model() -> pytest.MarkDecorator:
+    """Mark a test that reads the lab model (:data:`LAB_MODEL`)."""
+    return needs(LAB_MODEL.is_file(), "the lab model %s (python -m llamafleet.lab.fetch model)" % LAB_MODEL)

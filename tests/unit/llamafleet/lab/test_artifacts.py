@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from llamafleet.core.checksum import marker_matches
-from llamafleet.lab import artifacts
+from llamafleet.lab import artifacts, fetch
 from llamafleet.lab.system import LabError
 
 CONTENT = b"pinned bytes"
@@ -66,3 +66,21 @@ def test_each_llama_cpp_source_is_fetched_as_its_own_sdist(tmp_path: Path, monke
     assert asked[0][asked[0].index("--no-binary") + 1] == "llama-cpp-python"
     assert artifacts.llama_cpp_archive_subdir(artifact) == subdir
     assert artifact.subdir == "src" and artifact.name == subdir.split("/")[0] + ".tar.gz"
+
+
+def test_fetch_without_a_lab_puts_each_named_artifact_in_the_cache(tmp_path: Path, fetches: list[Path],
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """python -m llamafleet.lab.fetch NAME...: into $LLAMAFLEET_CACHE, each path printed; a second run fetches
+    nothing; an unknown name is refused (2) and a failed fetch says why (1)."""
+    monkeypatch.setenv("LLAMAFLEET_CACHE", str(tmp_path))
+    monkeypatch.setitem(fetch.BY_NAME, "thing", PINNED)
+    assert fetch.main(["thing"]) == 0 and fetch.main(["thing"]) == 0
+    assert capsys.readouterr().out.splitlines() == [str(PINNED.path(tmp_path))] * 2
+    assert len(fetches) == 1 and PINNED.path(tmp_path).read_bytes() == CONTENT
+    assert fetch.main(["thing", "weights"]) == 2 and "unknown artifact weights" in capsys.readouterr().err
+    monkeypatch.setitem(artifacts._FETCHERS, PINNED.name, lambda dest: dest.write_bytes(b"other"))
+    PINNED.path(tmp_path).unlink()
+    assert fetch.main(["thing"]) == 1 and "refusing to use it" in capsys.readouterr().err
+    assert sorted(fetch.BY_NAME) == ["model", "source", "thing"]
+    assert (fetch.BY_NAME["model"], fetch.BY_NAME["source"]) == (artifacts.MODEL, artifacts.LLAMA_CPP_SOURCE)

@@ -17,10 +17,8 @@ from llamafleet.core.gguf import (
     shard_paths,
     tensor_nbytes,
 )
-from needs import needs
+from needs import LAB_MODEL, needs_lab_model
 
-GEMMA = Path("/var/cache/llamafleet/models/gemma-3-270m-q4_k_m.gguf")
-needs_gemma = needs(GEMMA.is_file(), "the lab model %s" % GEMMA)
 F32, F16, Q8_0, Q4_K, Q6_K, BF16, IQ4_XS = 0, 1, 8, 12, 14, 30, 23
 
 
@@ -286,9 +284,9 @@ GEMMA_TENSORS = [
 ]
 
 
-@needs_gemma
+@needs_lab_model()
 def test_real_gemma_tensor_table() -> None:
-    ours = read_gguf(GEMMA, max_array_items=0)
+    ours = read_gguf(LAB_MODEL, max_array_items=0)
     assert ours.version == 3 and ours.alignment == 32 and ours.data_offset == 6525120
     assert ours.metadata["tokenizer.ggml.tokens"] == ArraySummary("STRING", 262144)
     by_name = {t.name: t for t in ours.tensors}

@@ -9,9 +9,9 @@ import pytest
 from gguf_testfile import Typed, llama_meta, llama_tensors, write_gguf
 from llamafleet.core.gguf import GGUFError
 from llamafleet.core.gguf_facts import architecture, model_facts
-from needs import needs
+from needs import LAB_MODEL, needs_lab_model
 
-GEMMA = Path("/var/cache/llamafleet/models/gemma-3-270m-q4_k_m.gguf")
+
 def test_model_facts_untied(tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "m.gguf", llama_meta(), llama_tensors())
     facts = model_facts(str(path))
@@ -117,12 +117,9 @@ def test_model_facts_split_model(tmp_path: Path) -> None:
         assert split_facts[key] == whole_facts[key], key
 
 
-needs_gemma = needs(GEMMA.is_file(), "the lab model %s" % GEMMA)
-
-
-@needs_gemma
+@needs_lab_model()
 def test_real_gemma_model_facts() -> None:
-    facts = model_facts(str(GEMMA))
+    facts = model_facts(str(LAB_MODEL))
     assert facts["arch"] == "gemma3"
     assert facts["tensor_count"] == 236
     assert facts["token_embd_bytes"] == 178257920

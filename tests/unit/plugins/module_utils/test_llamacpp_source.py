@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import tarfile
 from pathlib import Path
 
@@ -17,9 +16,9 @@ from llamafleet.core.llamacpp_source import (
     read_source_facts,
 )
 from ansible_collections.llamafleet.cluster.plugins.modules import llamacpp_source_facts
-from llamafleet.lab.artifacts import LLAMA_CPP_ARCHIVE_SUBDIR, LLAMA_CPP_SOURCE
+from llamafleet.lab.artifacts import LLAMA_CPP_ARCHIVE_SUBDIR
 from module_runner import run_main
-from needs import needs
+from needs import LAB_SOURCE, needs
 
 # Excerpts of llama.cpp 0c1e570 (vendored in llama-cpp-python 0.3.36).
 CPP_0C1E570 = """\
@@ -110,18 +109,11 @@ def test_unreadable_definition_names_the_file(tmp_path: Path) -> None:
         read_source_facts(str(tmp_path))
 
 
-def _lab_sdist() -> Path | None:
-    """The lab's pinned llama.cpp source (the llama-cpp-python sdist), when `llamafleet lab up` fetched it."""
-    cache = Path(os.environ.get("LLAMAFLEET_CACHE", "/var/cache/llamafleet"))
-    path = LLAMA_CPP_SOURCE.path(cache)
-    return path if path.is_file() else None
-
-
-@needs(_lab_sdist() is not None, "the lab's llama.cpp source in $LLAMAFLEET_CACHE/src")
+@needs(LAB_SOURCE.is_file(), "the lab's llama.cpp source %s (python -m llamafleet.lab.fetch source)" % LAB_SOURCE)
 def test_the_lab_source(tmp_path: Path) -> None:
     """llama.cpp 0c1e570, as the lab builds it: 10 MiB and protocol 7 (what the e2e tests expect)."""
     wanted = {"%s/%s" % (LLAMA_CPP_ARCHIVE_SUBDIR, name) for name in ("CMakeLists.txt", RPC_SOURCE, RPC_HEADER)}
-    with tarfile.open(_lab_sdist(), "r|gz") as sdist:  # streamed: stop once the three files are out
+    with tarfile.open(LAB_SOURCE, "r|gz") as sdist:  # streamed: stop once the three files are out
         for member in sdist:
             if member.name in wanted:
                 sdist.extract(member, tmp_path, filter="data")

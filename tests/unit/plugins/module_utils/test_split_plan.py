@@ -38,13 +38,12 @@ from llamafleet.core.split_plan import (
 )
 from llamafleet.core.split_policies import choose_split
 from llamafleet.core.split_units import auto_slots
-from needs import needs
+from needs import LAB_MODEL, needs_lab_model
 
 MIB = 2**20
 GIB = 2**30
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llamacpp"
 GEMMA = json.loads((FIXTURES / "gemma-3-270m-q4_k_m_model_facts.json").read_text())
-REAL_MODEL = Path("/var/cache/llamafleet/models/gemma-3-270m-q4_k_m.gguf")
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -817,11 +816,11 @@ def test_compare_a_fit_plan_by_its_devices_only() -> None:
     assert compare_with_plan(two, parsed)[0].startswith("device order: plan [('RPC0', '127.0.0.1:50171')]")
 
 
-@needs(REAL_MODEL.exists(), "the lab model %s" % REAL_MODEL)
+@needs_lab_model()
 def test_recorded_facts_are_the_real_files() -> None:
     from llamafleet.core.gguf_facts import model_facts
 
-    assert model_facts(str(REAL_MODEL)) == GEMMA
+    assert model_facts(str(LAB_MODEL)) == GEMMA
 
 
 # --- election ------------------------------------------------------------------------------------

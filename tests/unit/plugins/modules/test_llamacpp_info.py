@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -10,10 +9,8 @@ import pytest
 
 from ansible_collections.llamafleet.cluster.plugins.modules import llamacpp_info
 from module_runner import run_main
-from needs import needs
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llamacpp"
-DEV_BIN = Path("/var/cache/llamafleet/dev/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin")
 
 
 def run_module(args: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
@@ -85,10 +82,3 @@ def test_not_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert rc == 1 and "is not a directory" in result["msg"]
 
 
-@needs(os.access(DEV_BIN / "llama-server", os.X_OK), "the llama.cpp dev build in %s" % DEV_BIN)
-def test_real_dev_build(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, result = run_module({"bin_dir": str(DEV_BIN), "require": ["llama_server", "rpc_server"]}, capsys)
-    assert rc == 0, result
-    assert result["rpc_server"] == "ggml-rpc-server"
-    assert result["features"]["llama_server"]["rpc"] and result["features"]["llama_server"]["load_mode"]
-    assert result["features"]["rpc_server"]["cache"]

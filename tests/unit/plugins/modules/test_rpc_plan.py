@@ -12,7 +12,7 @@ import pytest
 from llamafleet.core.llama_flags import detect_features
 from ansible_collections.llamafleet.cluster.plugins.modules import rpc_plan
 from module_runner import run_main
-from needs import needs
+from needs import LAB_MODEL, needs_lab_model
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llamacpp"
 GEMMA = json.loads((FIXTURES / "gemma-3-270m-q4_k_m_model_facts.json").read_text())
@@ -72,10 +72,9 @@ def test_plan_only(capsys: pytest.CaptureFixture[str]) -> None:
     assert result["argv"] == [] and result["unit"] == ""
 
 
-@needs(Path("/var/cache/llamafleet/models/gemma-3-270m-q4_k_m.gguf").exists(),
-       "the lab model /var/cache/llamafleet/models/gemma-3-270m-q4_k_m.gguf")
+@needs_lab_model()
 def test_plan_from_the_real_model_file(capsys: pytest.CaptureFixture[str]) -> None:
-    a = args(model=["/var/cache/llamafleet/models/gemma-3-270m-q4_k_m.gguf"])
+    a = args(model=[str(LAB_MODEL)])
     del a["model_facts"]
     rc, result = run_module(a, capsys)
     assert rc == 0
