@@ -90,10 +90,10 @@ def hardening(values: Mapping[str, str | None] | None = None,
     another value (None leaves it out), ``after`` adds lines right after a setting's place (left out or
     not). A name that is not in HARDENING raises UnitError."""
     values, after = dict(values or {}), dict(after or {})
-    unknown = sorted((set(values) | set(after)) - {key for key, _ in HARDENING})
+    known = [setting[0] for setting in HARDENING]
+    unknown = sorted((set(values) | set(after)) - set(known))
     if unknown:
-        raise UnitError("not a hardening setting: %s (known: %s)"
-                        % (", ".join(unknown), ", ".join(key for key, _ in HARDENING)))
+        raise UnitError("not a hardening setting: %s (known: %s)" % (", ".join(unknown), ", ".join(known)))
     lines: list[str] = []
     for key, default in HARDENING:
         value = values.get(key, default)

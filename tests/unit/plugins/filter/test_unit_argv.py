@@ -12,6 +12,7 @@ _WAS_CONTROLLER = _internal.is_controller
 from ansible.errors import AnsibleFilterError  # noqa: E402
 from ansible_collections.llamafleet.cluster.plugins.filter.unit_argv import FilterModule  # noqa: E402
 from llamafleet.core.llama_flags import rpc_server_features  # noqa: E402
+from llamafleet.core.systemd_unit import device_policy, hardening  # noqa: E402
 _internal.is_controller = _WAS_CONTROLLER
 
 FILTERS = FilterModule().filters()
@@ -56,3 +57,17 @@ def test_rpc_server_unit_errors(build: dict, message: str) -> None:
 def test_rpc_server_argv_errors() -> None:
     with pytest.raises(AnsibleFilterError, match="rpc_server_argv: 'rpc_server'"):
         FILTERS["rpc_server_argv"]({"bin_dir": "/x"}, host="10.0.0.1", port=50052)
+
+
+def test_unit_hardening_is_the_one_list_with_the_templates_differences() -> None:
+    """What rpc-metrics.service.j2 asks for: values changed, a line after ProtectSystem=, the CPU device policy."""
+    text = FILTERS["unit_hardening"]({"UMask": "0022", "ProtectHostname": None},
+                                     after={"ProtectSystem": ["ReadWritePaths=/x"]}, backend="cpu")
+    assert text.split("\n") == hardening({"UMask": "0022", "ProtectHostname": None},
+                                         after={"ProtectSystem": ["ReadWritePaths=/x"], "PrivateTmp": device_policy("cpu")})
+    assert "PrivateTmp=yes\nPrivateDevices=yes\nProtectClock=yes\n" in text and not text.endswith("\n")
+    assert FILTERS["unit_hardening"]() == "\n".join(hardening())
+    with pytest.raises(AnsibleFilterError, match="unit_hardening: not a hardening setting: Umask"):
+        FILTERS["unit_hardening"]({"Umask": "0022"})
+    with pytest.raises(AnsibleFilterError, match="unit_hardening: .*metal"):
+        FILTERS["unit_hardening"](backend="metal")

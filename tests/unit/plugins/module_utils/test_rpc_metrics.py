@@ -92,8 +92,8 @@ def test_unit_run(text: str, expected: tuple[bool, str]) -> None:
 
 
 def test_unit_run_asks_for_what_it_reads() -> None:
-    assert rm.unit_run_argv("u.service") == ["systemctl", "show", "--property=ActiveState,InvocationID", "--",
-                                            "u.service"]
+    argv = rm.unit_run_argv("u.service")
+    assert argv == ["systemctl", "show", "--property=ActiveState,InvocationID", "--", "u.service"]
 
 
 def test_the_journal_query_is_the_units_run_and_the_two_lines() -> None:
