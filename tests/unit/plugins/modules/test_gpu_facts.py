@@ -94,5 +94,3 @@ def test_unknown_backend_fails(capsys: pytest.CaptureFixture[str]) -> None:
 def test_rpc_server_must_be_executable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, result = run_module({"rpc_server": str(tmp_path / "nope")}, capsys)
     assert rc == 1 and "is not an executable file" in result["msg"]
-
-

@@ -80,5 +80,3 @@ def test_failing_binary(prefix: Path, capsys: pytest.CaptureFixture[str]) -> Non
 def test_not_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, result = run_module({"prefix": str(tmp_path / "none")}, capsys)
     assert rc == 1 and "is not a directory" in result["msg"]
-
-
