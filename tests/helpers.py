@@ -136,7 +136,11 @@ def ansible_venv(version: str) -> Path:
 
 def invocation(fleet, host: str, unit: str) -> str:
     """The InvocationID of ``unit`` on ``host``: it changes on every (re)start."""
-    return fleet.run_one(f"systemctl show -p InvocationID --value {unit}", fleet.hosts[host]).strip()
+    import shlex  # noqa: PLC0415
+
+    from llamafleet.core.systemd_show import show_argv  # noqa: PLC0415 - the library, only for the lab tests
+
+    return fleet.run_one(shlex.join(show_argv(unit, ["InvocationID"], value=True)), fleet.hosts[host]).strip()
 
 
 def current_builds(fleet) -> dict[str, str]:

@@ -14,8 +14,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 
-from gguf_testfile import write_gguf
-from needs import require
+from tests.unit.gguf_testfile import write_gguf
+from tests.unit.needs import require
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,7 @@ from llamafleet.core import constants
 from llamafleet.errors import UserError
 from llamafleet.fleet import (Fleet, GroupResult, Host, RunResult, _ssh_option, group_members, known_hosts_files,
                               tool)
-from needs import needs, require
+from tests.unit.needs import needs, require
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

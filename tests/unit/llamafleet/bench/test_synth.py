@@ -9,7 +9,7 @@ import pytest
 
 from llamafleet.core.gguf import read_gguf
 from llamafleet.core.gguf_facts import model_facts
-from needs import require
+from tests.unit.needs import require
 
 # synth writes with the gguf and numpy packages (pyproject's bench extra, in requirements/lock.txt)
 require(all(importlib.util.find_spec(name) for name in ("gguf", "numpy")), "the Python packages gguf and numpy")

@@ -105,7 +105,7 @@ HTML = b"<!DOCTYPE html>\n<html><head><title>Sign in</title></head><body>login</
 @pytest.fixture()
 def sources(tmp_path: Path, serve_dir):
     """Files on two loopback servers: the lab mirror (byte ranges) and http.server (ignores Range)."""
-    from gguf_testfile import write_gguf
+    from tests.unit.gguf_testfile import write_gguf
 
     root = tmp_path / "www"
     root.mkdir()
@@ -199,7 +199,7 @@ KEY = "mirror-key-" + "k3y" * 8
 @pytest.fixture()
 def flaky(tmp_path: Path):
     """Factory: flaky(host) starts a FlakyServer serving m.gguf (BLOB) under that host name."""
-    from flaky_server import start
+    from tests.unit.flaky_server import start
 
     root = tmp_path / "flaky"
     root.mkdir()
@@ -226,7 +226,7 @@ def fetch_file(url: str, dest: Path, http: fetch.Http) -> fetch.FileState:
 
 
 def rules(*specs: dict):
-    from flaky_server import Rule
+    from tests.unit.flaky_server import Rule
 
     return [Rule(**spec) for spec in specs]
 

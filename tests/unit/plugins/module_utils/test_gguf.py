@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from gguf_testfile import Typed, llama_meta, llama_tensors, write_gguf
+from tests.unit.gguf_testfile import Typed, llama_meta, llama_tensors, write_gguf
 
 from llamafleet.core import gguf
 from llamafleet.core.gguf import (
@@ -17,7 +17,7 @@ from llamafleet.core.gguf import (
     shard_paths,
     tensor_nbytes,
 )
-from needs import LAB_MODEL, needs_lab_model
+from tests.unit.needs import LAB_MODEL, needs_lab_model
 
 F32, F16, Q8_0, Q4_K, Q6_K, BF16, IQ4_XS = 0, 1, 8, 12, 14, 30, 23
 

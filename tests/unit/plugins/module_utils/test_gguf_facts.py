@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from gguf_testfile import Typed, llama_meta, llama_tensors, write_gguf
+from tests.unit.gguf_testfile import Typed, llama_meta, llama_tensors, write_gguf
 from llamafleet.core.gguf import GGUFError
 from llamafleet.core.gguf_facts import architecture, model_facts
-from needs import LAB_MODEL, needs_lab_model
+from tests.unit.needs import LAB_MODEL, needs_lab_model
 
 
 def test_model_facts_untied(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from firewall_sim import FirewallHost
+from tests.unit.firewall_sim import FirewallHost
 
 from llamafleet.core import host_firewall as hf
 from llamafleet.core.constants import HOST_FIREWALL_COMMENT

@@ -9,7 +9,7 @@ from llamafleet.core.link_rtt import (
     ping_ms,
     summarize,
 )
-from needs import needs
+from tests.unit.needs import needs
 
 ROOT = os.geteuid() == 0
 

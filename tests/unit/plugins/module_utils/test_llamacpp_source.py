@@ -17,8 +17,8 @@ from llamafleet.core.llamacpp_source import (
 )
 from ansible_collections.llamafleet.cluster.plugins.modules import llamacpp_source_facts
 from llamafleet.lab.artifacts import LLAMA_CPP_ARCHIVE_SUBDIR
-from module_runner import run_main
-from needs import LAB_SOURCE, needs
+from tests.unit.module_runner import run_main
+from tests.unit.needs import LAB_SOURCE, needs
 
 # Excerpts of llama.cpp 0c1e570 (vendored in llama-cpp-python 0.3.36).
 CPP_0C1E570 = """\

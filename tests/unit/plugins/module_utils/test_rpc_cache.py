@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from gguf_testfile import Typed, write_gguf
+from tests.unit.gguf_testfile import Typed, write_gguf
 
 from llamafleet.core import rpc_cache
 from llamafleet.core.fnv import fnv1a64, hash_name
@@ -20,7 +20,7 @@ from llamafleet.core.rpc_cache import (
     model_hashes,
     seed_cache,
 )
-from needs import needs
+from tests.unit.needs import needs
 
 F32, F16 = 0, 1
 THRESHOLD = 1000

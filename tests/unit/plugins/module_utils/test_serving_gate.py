@@ -48,7 +48,7 @@ from llamafleet.core.serving_gate import (
     running_workers,
     worker_links,
 )
-from needs import require
+from tests.unit.needs import require
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "ss"
 STALLED_REAL = (FIXTURES / "ss_tinHO_established_stalled_iproute2-6.1.0_real.txt").read_text()

@@ -38,7 +38,7 @@ from llamafleet.core.split_plan import (
 )
 from llamafleet.core.split_policies import choose_split
 from llamafleet.core.split_units import auto_slots
-from needs import LAB_MODEL, needs_lab_model
+from tests.unit.needs import LAB_MODEL, needs_lab_model
 
 MIB = 2**20
 GIB = 2**30

@@ -35,7 +35,7 @@ from llamafleet.core.systemd_unit import (
     systemd_exec,
     systemd_quote,
 )
-from needs import needs
+from tests.unit.needs import needs
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llamacpp"
 BIN = "/opt/llamafleet/llama.cpp/b1/bin/llama-server"

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ansible_collections.llamafleet.cluster.plugins.modules import backend_facts
-from module_runner import run_main
+from tests.unit.module_runner import run_main
 
 NO_DRIVER = not Path("/proc/driver/nvidia/version").exists()
 

@@ -18,7 +18,7 @@ from llamafleet.core.deployment_record import (
     with_section,
 )
 from ansible_collections.llamafleet.cluster.plugins.modules import deployment_record
-from module_runner import run_four, run_main
+from tests.unit.module_runner import run_four, run_main
 
 REPO = Path(__file__).resolve().parents[4]
 RPC = {"user": "llamafleet-rpc", "units": ["llamafleet-rpc-server.service"], "ports": [50052]}

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ansible_collections.llamafleet.cluster.plugins.modules import gpu_facts
-from module_runner import run_main, warning_messages
+from tests.unit.module_runner import run_main, warning_messages
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gpu"
 

@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 import yaml
 from ansible.module_utils.basic import AnsibleModule
-from firewall_sim import FirewallHost
+from tests.unit.firewall_sim import FirewallHost
 
 from llamafleet.core.constants import (
     HOST_FIREWALL_COMMENT,
     HOST_FIREWALL_STATE,
 )
 from ansible_collections.llamafleet.cluster.plugins.modules import host_firewall, host_firewall_facts
-from module_runner import run_four, run_main, warning_messages
+from tests.unit.module_runner import run_four, run_main, warning_messages
 
 MODULES = Path(__file__).resolve().parents[4] / "plugins" / "modules"
 

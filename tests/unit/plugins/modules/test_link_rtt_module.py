@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from ansible_collections.llamafleet.cluster.plugins.modules import link_rtt
-from module_runner import run_main, warning_messages
-from needs import needs
+from tests.unit.module_runner import run_main, warning_messages
+from tests.unit.needs import needs
 
 
 def run_module(args: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:

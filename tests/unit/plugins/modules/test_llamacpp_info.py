@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ansible_collections.llamafleet.cluster.plugins.modules import llamacpp_info
-from module_runner import run_main
+from tests.unit.module_runner import run_main
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llamacpp"
 

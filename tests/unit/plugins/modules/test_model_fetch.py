@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 import yaml
-from gguf_testfile import write_gguf
+from tests.unit.gguf_testfile import write_gguf
 
 from ansible_collections.llamafleet.cluster.plugins.modules import model_fetch
-from module_runner import run_main
+from tests.unit.module_runner import run_main
 
 HTML = b"<!DOCTYPE html>\n<html><body>404: not here, but 200 all the same</body></html>\n"
 
@@ -82,7 +82,7 @@ def test_the_role_names_its_own_variables() -> None:
 @pytest.fixture()
 def flaky_model(tmp_path: Path):
     """A FlakyServer serving big.gguf, a 2.3 MiB GGUF (its header check reads 1 MiB, the download gets the rest)."""
-    from flaky_server import start
+    from tests.unit.flaky_server import start
 
     root = tmp_path / "www"
     root.mkdir()
@@ -131,7 +131,7 @@ GAVE_UP = "; gave up after 3 attempts (model_download_retries=2); run again to r
 ])
 def test_auth_and_retries(flaky_model, tmp_path: Path, capsys: pytest.CaptureFixture[str], wants, script, args,
                           kinds, retried, message) -> None:
-    from flaky_server import Rule
+    from tests.unit.flaky_server import Rule
 
     srv, sha = flaky_model
     srv.require = dict(wants)
@@ -177,7 +177,7 @@ def assert_nothing_secret(result: dict[str, Any], *secrets: str) -> None:
 def test_the_token_is_not_in_an_error_about_the_cdn(flaky_model, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """A redirect to another host (a CDN that wants the token too) fails naming the setting that would send it."""
-    from flaky_server import start
+    from tests.unit.flaky_server import start
 
     origin, sha = flaky_model
     cdn = start(origin.root, "localhost")

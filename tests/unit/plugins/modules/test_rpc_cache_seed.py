@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gguf_testfile import write_gguf
+from tests.unit.gguf_testfile import write_gguf
 
 from ansible_collections.llamafleet.cluster.plugins.modules import rpc_cache_seed
-from module_runner import run_four, run_main, warning_messages
+from tests.unit.module_runner import run_four, run_main, warning_messages
 
 
 def run_module(args: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:

@@ -10,7 +10,7 @@ from typing import Any, Iterator
 import pytest
 
 from ansible_collections.llamafleet.cluster.plugins.modules import rpc_hello
-from module_runner import run_main
+from tests.unit.module_runner import run_main
 
 
 def run_module(args: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:

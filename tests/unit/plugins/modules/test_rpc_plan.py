@@ -11,8 +11,8 @@ import pytest
 
 from llamafleet.core.llama_flags import detect_features
 from ansible_collections.llamafleet.cluster.plugins.modules import rpc_plan
-from module_runner import run_main
-from needs import LAB_MODEL, needs_lab_model
+from tests.unit.module_runner import run_main
+from tests.unit.needs import LAB_MODEL, needs_lab_model
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llamacpp"
 GEMMA = json.loads((FIXTURES / "gemma-3-270m-q4_k_m_model_facts.json").read_text())
