@@ -21,7 +21,6 @@ No lab, no network once the environment exists (creating it needs PyPI).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -427,11 +426,10 @@ def run_play(bin_dir: Path, root: Path, env: dict[str, str]) -> dict[str, Any]:
 
 
 def constants_table() -> dict[str, Any]:
-    """plugins/module_utils/constants.py's ``as_dict()``, loaded from the file (no collection import path needed)."""
-    spec = importlib.util.spec_from_file_location("_min_ansible_constants", REPO / "plugins/module_utils/constants.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return json.loads(json.dumps(module.as_dict()))
+    """plugins/module_utils/constants.py's ``as_dict()``, under the library's one name for it."""
+    from llamafleet.core import constants  # noqa: PLC0415
+
+    return json.loads(json.dumps(constants.as_dict()))
 
 
 def test_localhost_play_same_results(lowest_bin: Path, ansible_env: dict[str, str],
