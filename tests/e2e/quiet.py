@@ -23,7 +23,8 @@ WORKERS = 4
 
 _CASES: dict[str, Callable[[Path], Any]] = {}
 _CLEANUPS: list[Callable[[], None]] = []
-_LOCK = threading.Lock()
+# re-entrant: what ``once`` makes may register its cleanup with ``after_batch`` while ``once`` holds it
+_LOCK = threading.RLock()
 
 
 def quiet(name: str) -> Callable[[Callable[[Path], Any]], Callable[[Path], Any]]:
