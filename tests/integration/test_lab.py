@@ -22,11 +22,12 @@ import pytest
 
 from llamafleet.lab import LLAMA_CPP_SOURCE, MODEL, LabPaths, leftovers, ssh
 from tests.helpers import BIN, INVENTORY, cli, env
+from tests.unit.needs import needs
 
 pytestmark = [
     pytest.mark.lab,
-    pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root (bridges, mounts, containers)"),
-    pytest.mark.skipif(shutil.which("systemd-nspawn") is None, reason="needs systemd-nspawn (apt-get install systemd-container)"),
+    needs(os.geteuid() == 0, "root (the lab makes bridges, mounts, containers)"),
+    needs(shutil.which("systemd-nspawn"), "systemd-nspawn (apt-get install systemd-container)"),
 ]
 
 HOSTS = {"lab1": "10.77.0.11", "lab2": "10.77.0.12", "lab3": "10.77.0.13"}

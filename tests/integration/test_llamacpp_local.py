@@ -19,6 +19,7 @@ Needs the ``gguf`` and ``numpy`` packages for the synthetic model.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -38,6 +39,7 @@ import pytest
 
 from llamafleet.core import rpc_cache, rpc_proto
 from llamafleet.core.fnv import hash_ranges
+from tests.unit.needs import needs, require
 
 REPO = Path(__file__).resolve().parents[2]
 DEV_BUILD = Path("/var/cache/llamafleet/dev/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin")
@@ -69,10 +71,10 @@ if os.environ.get("LLAMAFLEET_LLAMACPP_BIN") and (RPC_SERVER is None or LLAMA_SE
     raise RuntimeError("LLAMAFLEET_LLAMACPP_BIN=%s holds no ggml-rpc-server and llama-server"
                        % os.environ["LLAMAFLEET_LLAMACPP_BIN"])
 
-pytestmark = pytest.mark.skipif(
-    RPC_SERVER is None or LLAMA_SERVER is None,
-    reason="no llama.cpp binaries (ggml-rpc-server and llama-server) in %s: set LLAMAFLEET_LLAMACPP_BIN to a "
-           "llama.cpp build/bin directory" % (os.environ.get("LLAMAFLEET_LLAMACPP_BIN") or DEV_BUILD),
+pytestmark = needs(
+    RPC_SERVER is not None and LLAMA_SERVER is not None,
+    "llama.cpp binaries (ggml-rpc-server and llama-server) in %s: set LLAMAFLEET_LLAMACPP_BIN to a llama.cpp "
+    "build/bin directory" % (os.environ.get("LLAMAFLEET_LLAMACPP_BIN") or DEV_BUILD),
 )
 
 
@@ -183,8 +185,7 @@ def uploaded_bytes(rpc_log: str) -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def synth_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("gguf")
-    pytest.importorskip("numpy")
+    require(importlib.util.find_spec("gguf") and importlib.util.find_spec("numpy"), "the gguf and numpy packages")
     from llamafleet.bench import synth
 
     path = tmp_path_factory.mktemp("model") / "synth-llama-2x2560.gguf"
@@ -241,8 +242,7 @@ def test_rpc_hello_reports_a_busy_server_and_does_not_kill_it(tmp_path: Path) ->
 
 def test_rpc_hello_module_through_ansible(tmp_path: Path) -> None:
     ansible = Path(sys.executable).parent / "ansible"
-    if not ansible.is_file():
-        pytest.skip("no ansible next to %s" % sys.executable)
+    require(ansible.is_file(), "ansible next to %s" % sys.executable)
     env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"),
            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
     tree = tmp_path / "tree"  # ansible -t writes each host's result there as JSON

@@ -24,6 +24,7 @@ stats file. Binaries as for test_llamacpp_local.py: $LLAMAFLEET_LLAMACPP_BIN
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import signal
 import statistics
@@ -41,8 +42,9 @@ from llamafleet.bench.rpcproxy import delayed_commands
 from llamafleet.core.rpc_proto import Cmd
 from tests.rpc_client import RpcClient, added_delay_ms, measure_round_trip, set_tensor_payload
 from tests.integration import test_llamacpp_local as local
+from tests.unit.needs import needs, require
 
-pytestmark = pytest.mark.skipif(local.RPC_SERVER is None, reason=local.pytestmark.kwargs["reason"])
+pytestmark = local.pytestmark
 
 DELAY_MS = 20.0
 SAMPLES = 25
@@ -102,8 +104,7 @@ def test_delay_added_to_real_commands_is_the_asked_one(tmp_path: Path, mode: str
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("gguf")
-    pytest.importorskip("numpy")
+    require(importlib.util.find_spec("gguf") and importlib.util.find_spec("numpy"), "the gguf and numpy packages")
     from llamafleet.bench import synth
 
     path = tmp_path_factory.mktemp("model") / "synth-llama-2x256.gguf"
@@ -111,7 +112,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.mark.skipif(local.LLAMA_SERVER is None, reason="no llama-server next to the rpc-server")
+@needs(local.LLAMA_SERVER is not None, "llama-server next to the rpc-server")
 def test_llama_server_loads_undelayed_then_every_token_pays_the_delay(tmp_path: Path, tiny_model: Path) -> None:
     stats_path = tmp_path / "stats.json"
     with local.rpc_server(tmp_path / "cache", tmp_path / "rpc.log") as (upstream, _rpc):

@@ -20,16 +20,6 @@ from tests.unit.needs import require
 REPO = Path(__file__).resolve().parents[2]
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "needs(present, what): a test that needs what this machine may lack "
-                                       "(needs.py: skipped without it, failed under CI=true)")
-
-
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    for mark in item.iter_markers("needs"):
-        require(*mark.args)
-
-
 @pytest.fixture
 def make_gguf(tmp_path: Path) -> Callable[..., Path]:
     """Factory: make_gguf(name, metadata, tensors, **options) writes tmp_path/name."""
