@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import random
 import signal
 import socket
 import struct
@@ -20,26 +19,12 @@ import pytest
 from llamafleet.bench import rpcproxy
 from llamafleet.bench.rpcproxy import RpcProxy, parse_address
 from llamafleet.core import rpc_proto
-from llamafleet.core.rpc_proto import Cmd, FrameParser, HelloReplyFilter, reply_size, request_frame
+from llamafleet.core.rpc_proto import Cmd, reply_size, request_frame
+from tests.unit.rpc_sessions import MODEL_SESSION, SESSION, model_session_stream, payload, session_bytes
 from tests.rpc_client import RpcClient, measure_round_trip
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "rpc"
 REPO = Path(__file__).resolve().parents[4]
-
-
-@pytest.mark.parametrize(("name", "number"), [
-    # enum rpc_cmd of ggml-rpc.cpp at 0c1e570, by position
-    ("ALLOC_BUFFER", 0), ("SET_TENSOR", 6), ("SET_TENSOR_HASH", 7), ("GET_TENSOR", 8), ("COPY_TENSOR", 9),
-    ("GRAPH_COMPUTE", 10), ("GET_DEVICE_MEMORY", 11), ("HELLO", 14), ("DEVICE_COUNT", 15),
-    ("GRAPH_RECOMPUTE", 16), ("MEMSET_TENSOR", 17), ("NONE", 18),
-])
-def test_command_numbers_are_llama_cpp_s(name: str, number: int) -> None:
-    assert Cmd[name] == number
-    assert rpc_proto.command_name(number) == name
-
-
-def test_unknown_command_name() -> None:
-    assert rpc_proto.command_name(200) == "UNKNOWN_200"
 
 
 ALWAYS_DELAYED = {"compute": {"GRAPH_COMPUTE", "GRAPH_RECOMPUTE"},
@@ -56,120 +41,6 @@ def test_modes_delay_exactly_their_commands(mode: str, command: Cmd) -> None:
 def test_unknown_mode_names_the_modes() -> None:
     with pytest.raises(ValueError, match="unknown mode 'fast': use one of compute, transfer, all"):
         rpcproxy.delayed_commands("fast")
-
-
-def tensor(data: int = 0x1000, n: int = 16) -> bytes:
-    return rpc_proto.RPC_TENSOR.pack(1, 0, 0x1000, n, 1, 1, 1, 4, 4 * n, 4 * n, 4 * n, 0, *([0] * 16), 0,
-                                    *([0] * 10), 0, 0, data, b"t", 0)
-
-
-# A session as llama-server frames it: HELLO (with RDMA capabilities), the device queries of a load,
-# a weight upload, then one token: input, compute, output.
-SESSION = [
-    (Cmd.HELLO, bytes(range(100, 124))),
-    (Cmd.DEVICE_COUNT, b""),
-    (Cmd.GET_DEVICE_MEMORY, struct.pack("<I", 0)),
-    (Cmd.GET_ALIGNMENT, struct.pack("<I", 0)),
-    (Cmd.ALLOC_BUFFER, struct.pack("<IQ", 0, 4096)),
-    (Cmd.BUFFER_GET_BASE, struct.pack("<Q", 0x1000)),
-    (Cmd.SET_TENSOR, tensor() + struct.pack("<BQ", 0, 0) + bytes(range(256)) * 4),
-    (Cmd.GRAPH_COMPUTE, struct.pack("<III", 0, 0, 0)),
-    (Cmd.GET_TENSOR, rpc_proto.GET_TENSOR_REQ.pack(tensor(), 0, 64)),
-]
-
-
-def session_bytes() -> bytes:
-    return b"".join(request_frame(c, p) for c, p in SESSION)
-
-
-def splits(data: bytes, how: str) -> list[bytes]:
-    if how == "whole":
-        return [data]
-    if how == "bytes":
-        return [data[i:i + 1] for i in range(len(data))]
-    rnd, out, i = random.Random(7), [], 0
-    while i < len(data):
-        step = rnd.randint(1, 40)
-        out.append(data[i:i + step])
-        i += step
-    return out
-
-
-@pytest.mark.parametrize("how", ["whole", "bytes", "random"])
-def test_parser_finds_every_frame_whatever_the_reads(how: str) -> None:
-    parser = FrameParser()
-    pieces = [piece for chunk in splits(session_bytes(), how) for piece in parser.feed(chunk)]
-    frames = [frame for frame, _ in pieces if frame is not None]
-    assert [(f.command, f.size) for f in frames] == [(c, len(p)) for c, p in SESSION]
-    assert frames[0].name == "HELLO" and frames[-1].name == "GET_TENSOR"
-    # Every piece that starts a frame starts with its header; the bytes are the stream's, HELLO caps zeroed.
-    assert all(data[:9] == rpc_proto.HEADER.pack(f.command, f.size) for f, data in pieces if f is not None)
-    expected = request_frame(Cmd.HELLO, bytes(24)) + session_bytes()[9 + 24:]
-    assert b"".join(data for _, data in pieces) == expected
-
-
-def test_parser_holds_a_split_header_back() -> None:
-    parser = FrameParser()
-    frame = request_frame(Cmd.GRAPH_COMPUTE, b"abc")
-    assert parser.feed(frame[:5]) == []
-    assert parser.feed(frame[5:]) == [(rpc_proto.Frame(Cmd.GRAPH_COMPUTE, 3), frame)]
-
-
-SESSIONS = json.loads((FIXTURES / "llama-server_0c1e570_gemma270m_sessions_real.json").read_text())["sessions"]
-MODEL_SESSION = SESSIONS[13]
-
-
-def payload(frame: list[int], cap: int | None = None) -> bytes:
-    """A recorded request's payload rebuilt: zeros, GET_TENSOR asking for its recorded size (both capped)."""
-    command, size = frame[:2]
-    if command == Cmd.GET_TENSOR:
-        return rpc_proto.GET_TENSOR_REQ.pack(bytes(296), 0, min(frame[2], cap or frame[2]))
-    return bytes(min(size, cap or size))
-
-
-@pytest.mark.parametrize("index", range(len(SESSIONS)))
-def test_recorded_answers_have_the_sizes_the_proxy_expects(index: int) -> None:
-    session = SESSIONS[index]
-    expected = [reply_size(f[0], payload(f)) for f in session["frames"]]
-    assert [n for n in expected if n is not None] == session["reply_sizes"]
-
-
-@pytest.mark.parametrize("index", range(13))
-def test_parser_on_recorded_short_sessions(index: int) -> None:
-    session = SESSIONS[index]
-    client, server = bytes.fromhex(session["client_hex"]), bytes.fromhex(session["server_hex"])
-    parser = FrameParser()
-    pieces = [p for chunk in splits(client, "random") for p in parser.feed(chunk)]
-    assert [[f.command, f.size] for f, _ in pieces if f] == [f[:2] for f in session["frames"]]
-    assert b"".join(data for _, data in pieces) == client  # a TCP server: its HELLO caps were zero already
-    assert HelloReplyFilter().feed(server) == server
-    assert rpc_proto.parse_hello_payload("x", server[8:36]) == (7, 0, 0)
-
-
-def model_session_stream(cap: int | None = None, chunk: int = 100_003):
-    """The recorded model session's client stream, rebuilt lazily and cut into reads of ``chunk`` bytes."""
-    pending = bytearray()
-    for frame in MODEL_SESSION["frames"]:
-        body = payload(frame, cap)
-        pending += rpc_proto.HEADER.pack(frame[0], len(body))
-        for at in range(0, len(body), 1 << 20):
-            pending += body[at:at + (1 << 20)]
-            while len(pending) >= chunk:
-                yield bytes(pending[:chunk])
-                del pending[:chunk]
-    if pending:
-        yield bytes(pending)
-
-
-def test_parser_follows_the_recorded_model_session_at_full_size() -> None:
-    parser, frames, total = FrameParser(), [], 0
-    for data in model_session_stream():
-        for frame, piece in parser.feed(data):
-            total += len(piece)
-            if frame is not None:
-                frames.append([frame.command, frame.size])
-    assert frames == [f[:2] for f in MODEL_SESSION["frames"]]
-    assert total == sum(9 + f[1] for f in MODEL_SESSION["frames"]) > 249_000_000
 
 
 @pytest.mark.parametrize("mode", ["compute", "transfer", "all"])
@@ -197,32 +68,6 @@ def test_replaying_the_recorded_session_delays_the_mode_s_commands(fake_rpc, mod
         assert counts["delayed"] == (counts["count"] if Cmd[name] in rpcproxy.delayed_commands(mode) else 0)
     assert stats["commands"]["GRAPH_COMPUTE"]["count"] == 7 and stats["commands"]["GRAPH_RECOMPUTE"]["count"] == 5
     assert stats["bytes_to_upstream"] == len(stream)
-
-
-def test_hello_reply_filter_zeroes_capabilities_only() -> None:
-    answer = struct.pack("<Q", 28) + bytes([7, 0, 0, 0]) + bytes(range(1, 25))
-    after = struct.pack("<Q", 4) + b"\x01\x00\x00\x00"
-    stream = answer + after
-    split = HelloReplyFilter()
-    out = b"".join(split.feed(stream[i:i + 5]) for i in range(0, len(stream), 5))
-    filt = HelloReplyFilter()
-    assert out == struct.pack("<Q", 28) + bytes([7, 0, 0, 0]) + bytes(24) + after
-    assert filt.feed(answer) + filt.feed(after) == out
-
-
-def test_hello_reply_filter_leaves_old_answers() -> None:
-    legacy = struct.pack("<Q", 3) + bytes([3, 0, 0])  # protocol 3: three version bytes, no caps
-    assert HelloReplyFilter().feed(legacy + b"rest") == legacy + b"rest"
-
-
-@pytest.mark.parametrize(("command", "payload", "size"), [
-    (Cmd.HELLO, bytes(24), 28), (Cmd.ALLOC_BUFFER, bytes(12), 16), (Cmd.GET_DEVICE_MEMORY, bytes(4), 16),
-    (Cmd.DEVICE_COUNT, b"", 4), (Cmd.SET_TENSOR_HASH, bytes(312), 1),
-    (Cmd.GET_TENSOR, rpc_proto.GET_TENSOR_REQ.pack(bytes(296), 8, 777), 777),
-    (Cmd.SET_TENSOR, bytes(400), None), (Cmd.GRAPH_COMPUTE, bytes(12), None), (Cmd.FREE_BUFFER, bytes(8), None),
-])
-def test_reply_sizes_follow_the_server(command: Cmd, payload: bytes, size: int | None) -> None:
-    assert reply_size(command, payload) == size
 
 
 @pytest.mark.parametrize(("text", "pair"), [("127.0.0.1:50052", ("127.0.0.1", 50052)), ("[::1]:9", ("::1", 9)),

@@ -10,6 +10,9 @@ from typing import Callable, Iterator
 import pytest
 
 from llamafleet.core import rpc_proto
+from llamafleet.core.rpc_proto import Cmd, FrameParser, HelloReplyFilter, reply_size, request_frame
+from tests.unit.rpc_sessions import (MODEL_SESSION, SESSION, SESSIONS, model_session_stream, payload, session_bytes,
+                                     splits)
 from llamafleet.core.rpc_proto import (
     HelloResult,
     RPCClosed,
@@ -275,3 +278,96 @@ def test_wait_helper_cli_waits_for_every_endpoint(serve, capsys) -> None:
     assert rpc_proto.main(["--timeout", "1.5", f"127.0.0.1:{first}", f"127.0.0.1:{dead}"]) == 1
     assert f"127.0.0.1:{dead} did not answer HELLO" in capsys.readouterr().err
     assert rpc_proto.main([]) == 2
+
+
+# The command table and the stream readers (FrameParser, HelloReplyFilter, reply_size), which the bench proxy uses.
+
+@pytest.mark.parametrize(("name", "number"), [
+    # enum rpc_cmd of ggml-rpc.cpp at 0c1e570, by position
+    ("ALLOC_BUFFER", 0), ("SET_TENSOR", 6), ("SET_TENSOR_HASH", 7), ("GET_TENSOR", 8), ("COPY_TENSOR", 9),
+    ("GRAPH_COMPUTE", 10), ("GET_DEVICE_MEMORY", 11), ("HELLO", 14), ("DEVICE_COUNT", 15),
+    ("GRAPH_RECOMPUTE", 16), ("MEMSET_TENSOR", 17), ("NONE", 18),
+])
+def test_command_numbers_are_llama_cpp_s(name: str, number: int) -> None:
+    assert Cmd[name] == number
+    assert rpc_proto.command_name(number) == name
+
+
+def test_unknown_command_name() -> None:
+    assert rpc_proto.command_name(200) == "UNKNOWN_200"
+
+
+@pytest.mark.parametrize("how", ["whole", "bytes", "random"])
+def test_parser_finds_every_frame_whatever_the_reads(how: str) -> None:
+    parser = FrameParser()
+    pieces = [piece for chunk in splits(session_bytes(), how) for piece in parser.feed(chunk)]
+    frames = [frame for frame, _data in pieces if frame is not None]
+    assert [(f.command, f.size) for f in frames] == [(c, len(p)) for c, p in SESSION]
+    assert frames[0].name == "HELLO" and frames[-1].name == "GET_TENSOR"
+    # Every piece that starts a frame starts with its header; the bytes are the stream's, HELLO caps zeroed.
+    assert all(data[:9] == rpc_proto.HEADER.pack(f.command, f.size) for f, data in pieces if f is not None)
+    expected = request_frame(Cmd.HELLO, bytes(24)) + session_bytes()[9 + 24:]
+    assert b"".join(data for _frame, data in pieces) == expected
+
+
+def test_parser_holds_a_split_header_back() -> None:
+    parser = FrameParser()
+    frame = request_frame(Cmd.GRAPH_COMPUTE, b"abc")
+    assert parser.feed(frame[:5]) == []
+    assert parser.feed(frame[5:]) == [(rpc_proto.Frame(Cmd.GRAPH_COMPUTE, 3), frame)]
+
+
+@pytest.mark.parametrize("index", range(len(SESSIONS)))
+def test_recorded_answers_have_the_sizes_the_proxy_expects(index: int) -> None:
+    session = SESSIONS[index]
+    expected = [reply_size(f[0], payload(f)) for f in session["frames"]]
+    assert [n for n in expected if n is not None] == session["reply_sizes"]
+
+
+@pytest.mark.parametrize("index", range(13))
+def test_parser_on_recorded_short_sessions(index: int) -> None:
+    session = SESSIONS[index]
+    client, server = bytes.fromhex(session["client_hex"]), bytes.fromhex(session["server_hex"])
+    parser = FrameParser()
+    pieces = [p for chunk in splits(client, "random") for p in parser.feed(chunk)]
+    assert [[f.command, f.size] for f, _data in pieces if f] == [f[:2] for f in session["frames"]]
+    assert b"".join(data for _frame, data in pieces) == client  # a TCP server: its HELLO caps were zero already
+    assert HelloReplyFilter().feed(server) == server
+    assert rpc_proto.parse_hello_payload("x", server[8:36]) == (7, 0, 0)
+
+
+def test_parser_follows_the_recorded_model_session_at_full_size() -> None:
+    parser, frames, total = FrameParser(), [], 0
+    for data in model_session_stream():
+        for frame, piece in parser.feed(data):
+            total += len(piece)
+            if frame is not None:
+                frames.append([frame.command, frame.size])
+    assert frames == [f[:2] for f in MODEL_SESSION["frames"]]
+    assert total == sum(9 + f[1] for f in MODEL_SESSION["frames"]) > 249_000_000
+
+
+def test_hello_reply_filter_zeroes_capabilities_only() -> None:
+    answer = struct.pack("<Q", 28) + bytes([7, 0, 0, 0]) + bytes(range(1, 25))
+    after = struct.pack("<Q", 4) + b"\x01\x00\x00\x00"
+    stream = answer + after
+    split = HelloReplyFilter()
+    out = b"".join(split.feed(stream[i:i + 5]) for i in range(0, len(stream), 5))
+    filt = HelloReplyFilter()
+    assert out == struct.pack("<Q", 28) + bytes([7, 0, 0, 0]) + bytes(24) + after
+    assert filt.feed(answer) + filt.feed(after) == out
+
+
+def test_hello_reply_filter_leaves_old_answers() -> None:
+    legacy = struct.pack("<Q", 3) + bytes([3, 0, 0])  # protocol 3: three version bytes, no caps
+    assert HelloReplyFilter().feed(legacy + b"rest") == legacy + b"rest"
+
+
+@pytest.mark.parametrize(("command", "payload", "size"), [
+    (Cmd.HELLO, bytes(24), 28), (Cmd.ALLOC_BUFFER, bytes(12), 16), (Cmd.GET_DEVICE_MEMORY, bytes(4), 16),
+    (Cmd.DEVICE_COUNT, b"", 4), (Cmd.SET_TENSOR_HASH, bytes(312), 1),
+    (Cmd.GET_TENSOR, rpc_proto.GET_TENSOR_REQ.pack(bytes(296), 8, 777), 777),
+    (Cmd.SET_TENSOR, bytes(400), None), (Cmd.GRAPH_COMPUTE, bytes(12), None), (Cmd.FREE_BUFFER, bytes(8), None),
+])
+def test_reply_sizes_follow_the_server(command: Cmd, payload: bytes, size: int | None) -> None:
+    assert reply_size(command, payload) == size
