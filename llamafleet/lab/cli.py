@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from .core import Lab, LabStatus, shape
+from .core import DEFAULT_MEMORY_MIB, Lab, LabStatus, shape
 from .system import LabError
 from .net import BRIDGE, MAX_HOSTS
 
@@ -31,6 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--vulkan", action="append", default=[], metavar="HOST",
                     help="make HOST (e.g. lab3) a Vulkan host: Debian 13 with Mesa's software Vulkan device "
                          "(lavapipe), in the group llamafleet_backend_vulkan; repeatable")
+    up.add_argument("--memory-mib", type=int, default=DEFAULT_MEMORY_MIB, metavar="MIB",
+                    help=f"each host's memory limit in MiB, enforced by its memory cgroup (default "
+                         f"{DEFAULT_MEMORY_MIB}; 0: none); a running host gets a new limit in place")
     up.set_defaults(func=_up)
 
     down = sub.add_parser("down", help="remove every lab host, the bridge, the daemons and the inventory",
@@ -56,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    Lab(args.hosts, kinds={name: "vulkan" for name in args.vulkan}, inventory_dir=args.inventory_dir).up()
+    Lab(args.hosts, kinds={name: "vulkan" for name in args.vulkan}, inventory_dir=args.inventory_dir,
+        memory_mib=args.memory_mib).up()
     return 0
 
 
@@ -86,11 +90,17 @@ def _shape(args: argparse.Namespace) -> int:
     return 0
 
 
+def _memory_text(mib: int | None | bool) -> str:
+    if mib is False:
+        return "no cgroup"
+    return f"{mib} MiB" if mib else "unlimited"
+
+
 def format_status(report: LabStatus) -> str:
     """The status report as aligned text tables."""
-    rows = [("HOST", "ADDRESS", "CONTAINER", "SSH", "SYSTEMD", "LINK")]
+    rows = [("HOST", "ADDRESS", "CONTAINER", "SSH", "SYSTEMD", "LINK", "MEMORY")]
     rows += [(h.name, h.address, "up" if h.running else "down", "ok" if h.ssh_ok else "-", h.systemd,
-              h.shaped or "unlimited") for h in report.hosts]
+              h.shaped or "unlimited", _memory_text(h.memory_mib) if h.running else "-") for h in report.hosts]
     lines = _table(rows) if report.hosts else ["no lab hosts (start them with: llamafleet lab up)"]
     lines.append("")
     lines += _table([("DAEMON", "URL", "PID", "LISTENING")] + [

@@ -27,6 +27,8 @@ from .image import (DEFAULT_KIND, HOST_KINDS, OVERLAY_SOURCE, BaseImage, HostRoo
 from .inventory import remove_inventory, render_known_hosts, write_inventory
 from .machines import (CGROUP_PARENT, Machine, console_tail, container_inits, find_machines, kill_orphaned_containers,
                        remove_cgroups, start_machine, stop_machines, systemd_cgroup_roots)
+from .memory import (check_memory_mib, host_limit_mib, memory_hierarchy, prepare_host_cgroup, remove_memory_cgroups,
+                     set_host_limit)
 from .mirror import MIRROR_PORT, publish
 from .net import (BRIDGE, GATEWAY, HOST_NAME_RE, MAX_HOSTS, LabHost, bridge_state, delete_link, ensure_bridge,
                   ip_forwarding_enabled, lab_hosts, lab_veths, link_exists, parse_rate, qdisc_rate, set_tbf)
@@ -40,6 +42,9 @@ DOWN_TOOLS = ("ip", "umount")
 SHAPE_TOOLS = ("tc", "nsenter")
 BOOT_TIMEOUT = 120.0
 STATE_VERSION = 1
+# Each lab host stands for a machine with this much RAM (enforced: its memory cgroup's limit). Large enough for a
+# compile and for gemma; a model of over 4 GiB fits on no single host, only across the fleet.
+DEFAULT_MEMORY_MIB = 4096
 
 Progress = Callable[[str], None]
 
@@ -150,6 +155,7 @@ class HostStatus:
     ssh_ok: bool
     systemd: str
     shaped: str | None = None
+    memory_mib: int | None | bool = None  # the enforced limit; None: none; False: outside a lab memory cgroup
 
     @property
     def healthy(self) -> bool:
@@ -205,8 +211,11 @@ class Lab:
     """
 
     def __init__(self, hosts: int = 3, *, kinds: Mapping[str, str] | None = None, paths: LabPaths | None = None,
-                 inventory_dir: Path | None = None, progress: Progress | None = print) -> None:
+                 inventory_dir: Path | None = None, progress: Progress | None = print,
+                 memory_mib: int = DEFAULT_MEMORY_MIB) -> None:
         self.hosts: list[LabHost] = lab_hosts(hosts)
+        check_memory_mib(memory_mib)
+        self.memory_mib = memory_mib
         self.kinds = host_kinds(self.hosts, kinds or {})
         self.paths = paths or LabPaths.default()
         if not inventory_dir:
@@ -258,7 +267,8 @@ class Lab:
             reached = proc.returncode != 255  # 255: ssh itself failed
             state = (proc.stdout.strip() or "-") if reached else "-"
             shaped = qdisc_rate(host.veth) if link_exists(host.veth) else None
-            return HostStatus(host.name, host.address, True, reached, state, shaped)
+            return HostStatus(host.name, host.address, True, reached, state, shaped,
+                              host_limit_mib(machines[host.name][0].leader))
 
         with ThreadPoolExecutor(max_workers=max(len(hosts), 1)) as pool:
             host_status = list(pool.map(probe, hosts))
@@ -295,6 +305,7 @@ class Lab:
         self._say(f"==> powering {name} off")
         stop_machines(machines)
         remove_cgroups(name)
+        remove_memory_cgroups(name)
 
     def power_on(self, name: str) -> None:
         """Boot host ``name`` again from the disk it had (after :meth:`power_off`) and wait until it runs."""
@@ -306,7 +317,9 @@ class Lab:
             raise LabError(f"{name} has no disk to boot from (its overlay is not mounted): run `llamafleet lab up`")
         self._say(f"==> powering {name} on")
         started = time.monotonic()
-        machine = start_machine(host, hroot.root, hroot.console_log)
+        limit = self._load_state().get("hosts", {}).get(name, {}).get("memory_mib", self.memory_mib)
+        machine = start_machine(host, hroot.root, hroot.console_log,
+                                memory_cgroup=prepare_host_cgroup(host.name, limit))
         self._wait_ready(host, machine, hroot, started + BOOT_TIMEOUT)
         self._say(f"    {name} ready in {time.monotonic() - started:.1f} s")
 
@@ -367,6 +380,9 @@ class Lab:
 
         if to_create:
             self._run_per_host(to_create, create)
+        for host in self.hosts:
+            if host not in to_create:
+                self._keep_memory_limit(host, machines[host.name][0], state_hosts[host.name])
 
         state = {"version": STATE_VERSION, "images": {name: image.key for name, image in images.items()},
                  "inventory_dir": str(self.inventory_dir), "hosts": {h.name: state_hosts[h.name] for h in self.hosts}}
@@ -394,10 +410,22 @@ class Lab:
             return False
         if not host_state or host_state.get("image") != image.key or not self.paths.known_hosts.is_file():
             return False
+        if memory_hierarchy() is not None and host_limit_mib(machines[0].leader) is False:
+            return False  # started before hosts had memory cgroups: recreated with one
         for _ in range(2):  # a second chance, so a busy machine does not cost a host
             if ssh(host, "true", check=False, timeout=15, connect_timeout=5, paths=self.paths).returncode == 0:
                 return True
         return False
+
+    def _keep_memory_limit(self, host: LabHost, machine: Machine, entry: dict) -> None:
+        """Give a running host the limit asked for now, in place (no reboot)."""
+        if memory_hierarchy() is None:
+            return
+        current = host_limit_mib(machine.leader)
+        if (current or 0) != (self.memory_mib or 0):
+            set_host_limit(host.name, machine.leader, self.memory_mib)
+            self._say(f"==> {host.name}: memory limit {current or 'none'} -> {self.memory_mib or 'none'} MiB")
+        entry["memory_mib"] = self.memory_mib
 
     def _create_host(self, host: LabHost, image: BaseImage, public_key: str) -> dict:
         """(Re)create ``host`` from ``image``, boot it, and wait until systemd is running."""
@@ -405,12 +433,13 @@ class Lab:
         hroot = self._host_root(host.name)
         hroot.mount(image)
         keys = provision_host(hroot.root, host, self.hosts, public_key, PROXY_URL, kind=self.kinds[host.name])
-        entry = {"address": host.address, "image": image.key, "host_keys": keys}
+        entry = {"address": host.address, "image": image.key, "host_keys": keys, "memory_mib": self.memory_mib}
         # Known before the host answers, so the readiness check already verifies its key.
         self._write_known_hosts({host.name: entry}, merge=True)
         self._say(f"==> booting {host.name} ({host.address})")
         started = time.monotonic()
-        machine = start_machine(host, hroot.root, hroot.console_log)
+        machine = start_machine(host, hroot.root, hroot.console_log,
+                                memory_cgroup=prepare_host_cgroup(host.name, self.memory_mib))
         self._wait_ready(host, machine, hroot, started + BOOT_TIMEOUT)
         self._say(f"    {host.name} ready in {time.monotonic() - started:.1f} s")
         return entry
@@ -470,6 +499,7 @@ class Lab:
         remove_tree(self._host_root(name).directory)
         delete_link(f"vb-{name}")
         remove_cgroups(name)
+        remove_memory_cgroups(name)
 
     def _teardown(self) -> None:
         machines = [m for ms in find_machines().values() for m in ms]
@@ -488,6 +518,7 @@ class Lab:
         for veth in lab_veths():
             delete_link(veth)
         remove_cgroups()
+        remove_memory_cgroups()
         if link_exists(BRIDGE):
             self._say(f"==> removing bridge {BRIDGE}")
             delete_link(BRIDGE)
@@ -572,4 +603,7 @@ def leftovers(paths: LabPaths | None = None) -> list[str]:
     if paths.hosts_dir.is_dir():
         left += [f"host directory {d}" for d in sorted(paths.hosts_dir.iterdir())]
     left += [f"cgroup {d}" for root in systemd_cgroup_roots() if (d := root / CGROUP_PARENT).exists()]
+    memory = memory_hierarchy()
+    if memory is not None and memory.version == 1 and memory.parent.exists():
+        left.append(f"memory cgroup {memory.parent}")
     return left

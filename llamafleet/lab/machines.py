@@ -114,11 +114,17 @@ def remove_cgroups(name: str | None = None) -> list[Path]:
     return left
 
 
-def start_machine(host: LabHost, root: Path, console_log: Path, timeout: float = 10.0) -> Machine:
-    """Boot ``host`` from ``root`` in the background, in its own cgroups; return it once its init runs."""
+def start_machine(host: LabHost, root: Path, console_log: Path, timeout: float = 10.0,
+                  memory_cgroup: Path | None = None) -> Machine:
+    """Boot ``host`` from ``root`` in the background, in its own cgroups; return it once its init runs.
+
+    ``memory_cgroup`` (:func:`llamafleet.lab.memory.prepare_host_cgroup`) is joined as well: the host's memory limit.
+    """
     cgroups = host_cgroups(host.name)
     for cgroup in cgroups:
         cgroup.mkdir(parents=True, exist_ok=True)
+    if memory_cgroup is not None and memory_cgroup not in cgroups:
+        cgroups.append(memory_cgroup)
     # A shell joins the host's cgroups, then becomes nspawn (so nspawn and the container start there).
     join = "; ".join(f"echo $$ > {shlex.quote(str(cg / 'cgroup.procs'))}" for cg in cgroups)
     argv = ["setsid", "--fork", "sh", "-c", f'{join}; exec "$@"', "sh", *nspawn_argv(host, root)]

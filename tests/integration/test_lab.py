@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 
 from llamafleet.lab import LLAMA_CPP_SOURCE, MODEL, LabPaths, leftovers, ssh
+from llamafleet.lab.core import DEFAULT_MEMORY_MIB
+from llamafleet.lab.memory import memory_hierarchy
 from tests.helpers import BIN, INVENTORY, cli, env
 from tests.unit.needs import needs
 
@@ -33,6 +35,7 @@ pytestmark = [
 HOSTS = {"lab1": "10.77.0.11", "lab2": "10.77.0.12", "lab3": "10.77.0.13"}
 PATHS = LabPaths.default()
 MIRROR = "http://10.77.0.1:8089"
+MEMORY_MIB = DEFAULT_MEMORY_MIB
 
 
 def ansible(pattern: str, module: str, args: str | None = None, timeout: float = 300) -> dict[str, tuple[str, dict]]:
@@ -81,6 +84,8 @@ def nothing_left() -> list[str]:
     if PATHS.hosts_dir.is_dir():
         left += [f"host dir {p}" for p in PATHS.hosts_dir.iterdir()]
     left += [f"cgroup {p}" for p in Path("/sys/fs/cgroup").glob("*/llamafleet-lab")]
+    memory = memory_hierarchy()  # v1: the memory cgroups sit below this process's own
+    left += [f"memory cgroup {memory.parent}"] if memory is not None and memory.parent.exists() else []
     left += [f"inventory {p}" for p in (INVENTORY, INVENTORY.parent / "group_vars" / "all" / "lab.yml") if p.exists()]
     return sorted(set(left))
 
@@ -113,9 +118,39 @@ def test_up_again_is_a_fast_no_op(lab: str) -> None:
 def test_status_reports_every_host_healthy(lab: str) -> None:
     proc = cli("lab", "status")
     for name, address in HOSTS.items():
-        assert re.search(rf"^{name}\s+{re.escape(address)}\s+up\s+ok\s+running\s+unlimited$", proc.stdout, re.M), proc.stdout
+        assert re.search(rf"^{name}\s+{re.escape(address)}\s+up\s+ok\s+running\s+unlimited\s+{MEMORY_MIB} MiB$",
+                         proc.stdout, re.M), proc.stdout
     assert re.search(r"^proxy\s+http://10.77.0.1:3142\s+\d+\s+yes$", proc.stdout, re.M)
     assert re.search(r"^mirror\s+http://10.77.0.1:8089\s+\d+\s+yes$", proc.stdout, re.M)
+
+
+# What a host's processes see of their own limit: the container's cgroup, v1 or v2.
+LIMIT_INSIDE = ("cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max")
+
+
+def test_each_host_has_an_enforced_memory_limit(lab: str) -> None:
+    for name in HOSTS:
+        assert int(ssh(name, LIMIT_INSIDE).stdout) == MEMORY_MIB * 1024 * 1024, name
+    # Going over the limit gets the process killed inside that host only; the host goes on.
+    hog = f"python3 -c 'b = bytearray({MEMORY_MIB + 512} * 1024 * 1024); print(len(b))'"
+    proc = ssh("lab2", hog, check=False)
+    assert proc.returncode == 137 and proc.stdout == "", (proc.returncode, proc.stdout, proc.stderr)
+    assert ssh("lab2", "python3 -c 'b = bytearray(256 * 1024 * 1024); print(len(b))'").stdout == str(256 << 20)
+    assert ssh("lab2", "systemctl is-system-running").stdout == "running"
+
+
+def test_memory_limit_changes_in_place(lab: str) -> None:
+    try:
+        out = cli("lab", "up", "--hosts", "3", "--memory-mib", "3072").stdout
+        assert f"lab2: memory limit {MEMORY_MIB} -> 3072 MiB" in out and "booting" not in out, out
+        assert int(ssh("lab3", LIMIT_INSIDE).stdout) == 3072 * 1024 * 1024
+        assert re.search(r"^lab3\s.*\s3072 MiB$", cli("lab", "status").stdout, re.M)
+    finally:
+        out = cli("lab", "up", "--hosts", "3").stdout
+    assert f"lab3: memory limit 3072 -> {MEMORY_MIB} MiB" in out, out
+    assert int(ssh("lab3", LIMIT_INSIDE).stdout) == MEMORY_MIB * 1024 * 1024
+    refused = cli("lab", "up", "--hosts", "3", "--memory-mib", "100", check=False)
+    assert refused.returncode != 0 and "at least 512 MiB" in refused.stdout + refused.stderr
 
 
 def test_ansible_ping(lab: str) -> None:
