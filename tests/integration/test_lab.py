@@ -136,7 +136,7 @@ def test_each_host_has_an_enforced_memory_limit(lab: str) -> None:
     hog = f"python3 -c 'b = bytearray({MEMORY_MIB + 512} * 1024 * 1024); print(len(b))'; echo rc=$?"
     proc = ssh("lab2", hog, check=False)
     assert proc.stdout.strip() == "rc=137", (proc.returncode, proc.stdout, proc.stderr)
-    assert ssh("lab2", "python3 -c 'b = bytearray(256 * 1024 * 1024); print(len(b))'").stdout == str(256 << 20)
+    assert ssh("lab2", "python3 -c 'b = bytearray(256 * 1024 * 1024); print(len(b))'").stdout.strip() == str(256 << 20)
     assert ssh("lab2", "systemctl is-system-running").stdout == "running"
 
 
