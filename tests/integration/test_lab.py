@@ -137,7 +137,7 @@ def test_each_host_has_an_enforced_memory_limit(lab: str) -> None:
     proc = ssh("lab2", hog, check=False)
     assert proc.stdout.strip() == "rc=137", (proc.returncode, proc.stdout, proc.stderr)
     assert ssh("lab2", "python3 -c 'b = bytearray(256 * 1024 * 1024); print(len(b))'").stdout.strip() == str(256 << 20)
-    assert ssh("lab2", "systemctl is-system-running").stdout == "running"
+    assert ssh("lab2", "systemctl is-system-running").stdout.strip() == "running"
 
 
 def test_memory_limit_changes_in_place(lab: str) -> None:
