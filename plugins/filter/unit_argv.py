@@ -37,14 +37,16 @@ def rpc_server_argv(llamacpp, host, port, threads=0, devices=None, cache=True):
         raise AnsibleFilterError("rpc_server_argv: %s" % exc) from exc
 
 
-def rpc_server_unit(argv, llamacpp, port, user, home, firewall=True, header="", environment=None):
+def rpc_server_unit(argv, llamacpp, port, user, home, firewall=True, header="", environment=None, memory_max_mib=0):
     """The systemd unit text of one rpc-server running ``argv`` (from ``rpc_server_argv``) of the
-    ``llamacpp_build_info`` build, with that build's backend's device policy and ``environment``."""
+    ``llamacpp_build_info`` build, with that build's backend's device policy, ``environment`` and, when
+    ``memory_max_mib`` is not 0, that memory limit."""
     try:
         return render_rpc_server_unit([str(a) for a in argv], backend=llamacpp["backend"], port=int(port),
                                       user=str(user), home=str(home), build_id=llamacpp.get("build_id"),
                                       firewall=bool(firewall), header=str(header),
-                                      environment={str(k): str(v) for k, v in (environment or {}).items()})
+                                      environment={str(k): str(v) for k, v in (environment or {}).items()},
+                                      memory_max_mib=int(memory_max_mib or 0))
     except (KeyError, TypeError, ValueError) as exc:
         raise AnsibleFilterError("rpc_server_unit: %s" % exc) from exc
 

@@ -259,13 +259,15 @@ def apply_overrides(devices: Sequence[Mapping[str, Any]], overrides: Sequence[Ma
 
 
 def usable_mib(dev: Mapping[str, Any]) -> int:
-    """Memory the planner may use on a device: free (or total) minus reserve, capped by ``max_mib``."""
+    """Memory the planner may use on a device: free (or total) minus reserve, capped by ``max_mib`` and by
+    ``limit_mib`` (the ``MemoryMax=`` its service unit runs under, gpu_facts' ``memory_max_mib``)."""
     free = dev.get("free_mib")
     if free is None:
         free = dev.get("total_mib")
     if free is None:
         return 0
     usable = max(int(free) - int(dev.get("reserve_mib") or 0), 0)
-    if dev.get("max_mib") is not None:
-        usable = min(usable, int(dev["max_mib"]))
+    for cap in ("max_mib", "limit_mib"):
+        if dev.get(cap) is not None:
+            usable = min(usable, int(dev[cap]))
     return usable

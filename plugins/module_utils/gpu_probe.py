@@ -23,6 +23,7 @@ from .gpu_devices import (
     rpc_exposed_devices,
     select_backend_devices,
 )
+from .gpu_memory import memory_figures, read_memory_limits
 from .gpu_parsers import (
     NVIDIA_SMI_QUERY,
     merge_vulkan,
@@ -96,7 +97,7 @@ class _Probe:
 
 def collect_devices(run: Runner, which: Which, read_text: ReadText,
                     backends: Sequence[str] | None = None, rpc_server: str | None = None,
-                    environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+                    environ: Mapping[str, str] | None = None, units: Sequence[str] = ()) -> dict[str, Any]:
     """Probe a host's devices with whatever tools it has.
 
     ``run(argv) -> (rc, stdout, stderr)`` runs a command, ``which(name)``
@@ -115,6 +116,10 @@ def collect_devices(run: Runner, which: Which, read_text: ReadText,
     ``environ`` is the environment llama.cpp will run with: ``GGML_VK_VISIBLE_DEVICES`` there chooses the
     Vulkan devices as llama.cpp does (CPU-type ones included).
 
+    The CPU entry's figures are the tighter of /proc/meminfo and the cgroup limits above the service's systemd
+    ``units`` (gpu_memory: a container's or a slice's memory.max), what those units hold counted as theirs;
+    ``total_source`` and ``free_source`` say where each figure came from, ``memory`` has the details.
+
     Returns ``{"devices", "rpc_devices", "backend", "tools", "warnings", "errors"}``.
     """
     wanted = list(PROBE_BACKENDS if not backends or list(backends) == ["auto"] else backends)
@@ -125,6 +130,9 @@ def collect_devices(run: Runner, which: Which, read_text: ReadText,
     for backend in PROBE_BACKENDS:
         if backend in wanted:
             probe.devices += _PROBES[backend](probe, environ or {})
+    for dev in probe.devices:
+        if dev["backend"] == "cpu":
+            limit_cpu_memory(dev, read_memory_limits(read_text, units))
 
     for dev in probe.devices:
         if "ggml_name" not in dev and dev["backend"] in GGML_PREFIX:
@@ -138,11 +146,21 @@ def collect_devices(run: Runner, which: Which, read_text: ReadText,
             cpu = [d for d in probe.devices if d["backend"] == "cpu"]
             for dev in rpc_devices:
                 if dev["backend"] == "cpu" and cpu:
-                    dev["free_mib"] = cpu[0]["free_mib"]
-                    dev["source"] = "rpc-server + /proc/meminfo"
+                    for key in ("total_mib", "free_mib", "total_source", "free_source", "memory"):
+                        dev[key] = cpu[0][key]
+                    dev["source"] = "rpc-server + %s" % cpu[0]["source"]
             backend = preferred_backend(rpc_devices)
     return {"devices": probe.devices, "rpc_devices": rpc_devices, "backend": backend, "tools": probe.tools,
             "warnings": probe.warnings, "errors": probe.errors}
+
+
+def limit_cpu_memory(dev: dict[str, Any], limits: dict[str, Any]) -> None:
+    """Give a CPU device read from /proc/meminfo the figures of gpu_memory.memory_figures (cgroup limits), in place."""
+    figures = memory_figures(int(dev["total_mib"]), int(dev["free_mib"] or 0), limits)
+    dev.update(total_mib=figures["total_mib"], free_mib=figures["free_mib"], total_source=figures["total_source"],
+               free_source=figures["free_source"], memory=figures)
+    if figures["cgroups"]:
+        dev["source"] = "/proc/meminfo + %s" % figures["hierarchy"]
 
 
 def _cuda_devices(probe: _Probe, environ: Mapping[str, str]) -> list[dict[str, Any]]:

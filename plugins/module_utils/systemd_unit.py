@@ -191,7 +191,7 @@ def render_systemd_unit(argv: Sequence[str], header: str = "", description: str 
                         exec_start_pre: Sequence[Sequence[str]] = (), comments: Sequence[str] = (),
                         timeout_start_sec: int | None = None, backend: str | None = None,
                         protect_home: str = "yes", wanted_by: str = "multi-user.target",
-                        runtime_directory: str | None = None) -> str:
+                        runtime_directory: str | None = None, memory_max_mib: int = 0) -> str:
     """The text of a hardened systemd service unit running ``argv`` from a llama.cpp ``backend`` build.
 
     ``header`` (e.g. the ansible_managed comment) goes first, verbatim, each
@@ -204,7 +204,7 @@ def render_systemd_unit(argv: Sequence[str], header: str = "", description: str 
     ``--mlock``/``-lm mlock``. ``exec_start_pre`` are argv lists run before the
     server (e.g. a wait for the workers). ``runtime_directory`` is a folder
     under /run that systemd creates for the service (owned by ``user``) and
-    removes when it stops.
+    removes when it stops. ``memory_max_mib`` (0: none) is :func:`memory_limit`'s.
     """
     if restart not in RESTART_POLICIES:
         raise UnitError("restart %r is not one of %s" % (restart, ", ".join(RESTART_POLICIES)))
@@ -242,8 +242,27 @@ def render_systemd_unit(argv: Sequence[str], header: str = "", description: str 
         lines += ["RuntimeDirectory=%s" % runtime_directory, "RuntimeDirectoryMode=0755"]
     if limit_memlock_infinity:
         lines.append("LimitMEMLOCK=infinity")
+    lines += memory_limit(memory_max_mib)
     lines += ["", "[Install]", "WantedBy=%s" % wanted_by, ""]
     return "\n".join(lines)
+
+
+def memory_limit(memory_max_mib: int) -> list[str]:
+    """The ``[Service]`` lines of a real memory limit (systemd.resource-control(5)); none for 0.
+
+    ``MemoryMax=``: past it the kernel reclaims the service's page cache, then kills it, so a plan that
+    overcommits fails at once, named in the journal, instead of pushing the host into swap or the OOM killer's
+    choice of victim. ``MemorySwapMax=0``: rpc-server's weights and KV are anonymous buffers that every token
+    reads; swapped out they would make each token wait on the disk, and the limit would no longer be RAM. No
+    ``MemoryHigh=``: with no swap it can only throttle those buffers (their pages cannot be reclaimed), stalling
+    every token while the usage stays put. (On a host still on the cgroup v1 memory controller systemd applies
+    MemoryMax= as memory.limit_in_bytes and ignores MemorySwapMax=.)
+    """
+    if isinstance(memory_max_mib, bool) or not isinstance(memory_max_mib, int) or memory_max_mib < 0:
+        raise UnitError("memory_max_mib is %r, expected a number of MiB (0: no limit)" % (memory_max_mib,))
+    if not memory_max_mib:
+        return []
+    return ["MemoryMax=%dM" % memory_max_mib, "MemorySwapMax=0"]
 
 
 def render_exec_dropin(argv: Sequence[str], exec_start_pre: Sequence[Sequence[str]] = (), header: str = "",
@@ -296,13 +315,15 @@ def render_plan_switch_units(python: Sequence[str] = HOST_PYTHON, module: str = 
 
 def render_rpc_server_unit(argv: Sequence[str], backend: str, port: int, user: str = RPC_SERVER_USER,
                            home: str = RPC_SERVER_HOME, build_id: str | None = None, firewall: bool = True,
-                           header: str = "", environment: Mapping[str, str] | None = None) -> str:
+                           header: str = "", environment: Mapping[str, str] | None = None,
+                           memory_max_mib: int = 0) -> str:
     """The unit of one rpc-server (``argv`` from ``llama_flags.render_rpc_server_argv``).
 
     rpc-server writes only its weight cache, ``$LLAMA_CACHE/rpc`` under
     ``home``; it restarts always (it exits when a client's computation fails);
     with ``firewall`` it needs the worker firewall unit up first. ``environment``
     adds variables (e.g. ``GGML_VK_VISIBLE_DEVICES``); ``LLAMA_CACHE`` is the unit's own.
+    ``memory_max_mib`` (0: none) is the host RAM it may use (:func:`memory_limit`).
     """
     if "LLAMA_CACHE" in (environment or {}):
         raise UnitError("LLAMA_CACHE is set by the unit (the weight cache under the service's home): "
@@ -314,7 +335,7 @@ def render_rpc_server_unit(argv: Sequence[str], backend: str, port: int, user: s
         description="llama.cpp RPC worker for the llamafleet cluster (port %d)" % int(port),
         user=user, environment=dict(environment or {}, LLAMA_CACHE="%s/%s" % (home.rstrip("/"), RPC_CACHE_SUBDIR)),
         read_write_paths=[home], after=["network-online.target"] + firewall_units, requires=firewall_units,
-        restart="always", restart_sec=2, backend=backend)
+        restart="always", restart_sec=2, backend=backend, memory_max_mib=memory_max_mib)
 
 
 def render_gate_unit(python: Sequence[str] = HOST_PYTHON, module: str = GATE_MODULE, config: str = GATE_CONFIG_PATH,

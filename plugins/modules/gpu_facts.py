@@ -20,6 +20,10 @@ description:
     (unified-memory GPUs) or whose memory must be capped (shared hosts, lab containers).
   - With O(rpc_server), the built rpc-server binary itself lists the devices it would serve, which is
     exactly what llama-server will see through RPC.
+  - The CPU entry's figures are the tighter of C(/proc/meminfo) and the cgroup limits above the service's units
+    (O(units)): a container's or a slice's C(memory.max) (cgroup v2) or C(memory.limit_in_bytes) (v1), less what
+    the others in it use; what the units themselves hold counts as theirs. C(total_source) and C(free_source) say
+    which figure won.
 author: llamafleet maintainers (@llamafleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
@@ -68,6 +72,30 @@ options:
         (its C(-d) option with a name that does not exist makes it print them and exit without
         binding a port), and RV(rpc_devices) follows that.
     type: path
+  units:
+    description:
+      - The systemd units of the service the memory is for (an rpc-server's, llama-server's), in C(system.slice):
+        the cgroups above them are read, and what they hold already counts as free for them.
+      - Empty reads the cgroups above this module's own process.
+    type: list
+    elements: str
+    default: []
+  memory_max_mib:
+    description:
+      - The C(MemoryMax=) the service's unit gets (RV(memory_max_mib)), MiB. V(auto) is the CPU device's planning
+        ceiling (an override's C(max_mib), never above the host's memory less the reserve) on a CPU build, none on a
+        GPU build (its weights are in VRAM); V(0) none; a number as given.
+      - A number above the host's memory (the tighter of MemTotal and the cgroup limits) fails the task, as does an
+        override C(free_mib) or C(total_mib) above it. The CPU devices get it as C(limit_mib), which caps what the
+        planner may use.
+    type: raw
+    default: "0"
+  names:
+    description:
+      - How failure messages name things, for the role that calls the module (V({host, memory_max_mib, overrides})
+        with the host's and the variables' names).
+    type: dict
+    default: {}
   strict:
     description: Fail the task when a tool fails or prints unreadable output.
     type: bool
@@ -108,8 +136,9 @@ devices:
   sample:
     - {backend: cuda, index: 0, name: NVIDIA GeForce RTX 4090, total_mib: 24564, free_mib: 24108,
        integrated: false, source: nvidia-smi, reserve_mib: 0, overridden: []}
-    - {backend: cpu, index: 0, name: AMD EPYC, total_mib: 24105, free_mib: 23235, integrated: false,
-       source: /proc/meminfo, reserve_mib: 1024, overridden: []}
+    - {backend: cpu, index: 0, name: AMD EPYC, total_mib: 3072, free_mib: 2710, integrated: false,
+       source: /proc/meminfo + cgroup2, total_source: cgroup / memory.max,
+       free_source: "cgroup / memory.max (3072 MiB, 362 MiB used by others)", reserve_mib: 1024, overridden: []}
 rpc_devices:
   description: The devices an rpc-server on this host serves, in its order (the GPUs of RV(backend), else the CPU).
   returned: always
@@ -120,6 +149,11 @@ backend:
   returned: always
   type: str
   sample: cuda
+memory_max_mib:
+  description: The C(MemoryMax=) for the service's unit, MiB (O(memory_max_mib) resolved); 0 for none.
+  returned: always
+  type: int
+  sample: 2048
 tools:
   description: Each probed tool and what happened (V(ok), V(missing), V(failed), V(unparsed)).
   returned: always
@@ -156,6 +190,7 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_devices imp
     apply_overrides,
     unmatched_overrides,
 )
+from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_memory import check_memory
 from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_probe import collect_devices, read_text_file
 
 PROBE_TIMEOUT_S = 60
@@ -177,12 +212,24 @@ def run_module(module: AnsibleModule) -> dict:
         module.fail_json(msg="rpc_server %s is not an executable file" % params["rpc_server"])
     try:
         found = collect_devices(run, module.get_bin_path, read_text_file, backends=params["backends"],
-                                rpc_server=params["rpc_server"], environ=os.environ)
+                                rpc_server=params["rpc_server"], environ=os.environ, units=params["units"])
         overrides = [{k: v for k, v in o.items() if v is not None} for o in params["overrides"]]
         devices = apply_overrides(found["devices"], overrides, params["cpu_reserve_mib"], require_match=False)
         rpc_devices = apply_overrides(found["rpc_devices"], overrides, params["cpu_reserve_mib"], require_match=False)
     except ParseError as exc:
         module.fail_json(msg=str(exc))
+    names = params["names"] or {}
+    serves_cpu = any(d["backend"] == "cpu" for d in rpc_devices)
+    memory_max, problems = check_memory(found["devices"], serves_cpu, params["memory_max_mib"], overrides,
+                                        params["cpu_reserve_mib"], names.get("memory_max_mib", "memory_max_mib"),
+                                        names.get("overrides", "overrides"))
+    if problems:
+        prefix = "%s: " % names["host"] if names.get("host") else ""
+        module.fail_json(msg=prefix + "; ".join(problems), memory_max_mib=memory_max)
+    for dev in devices + rpc_devices:
+        if memory_max and dev["backend"] == "cpu":
+            dev.update(limit_mib=memory_max, limit_source="%s (the unit's MemoryMax)"
+                       % names.get("memory_max_mib", "memory_max_mib"))
     unmatched = unmatched_overrides([devices, rpc_devices], overrides)
     if unmatched:
         module.fail_json(msg="; ".join(unmatched))
@@ -195,6 +242,7 @@ def run_module(module: AnsibleModule) -> dict:
         "changed": False,
         "devices": devices,
         "rpc_devices": rpc_devices,
+        "memory_max_mib": memory_max,
         "backend": found["backend"],
         "tools": found["tools"],
         "errors": found["errors"],
@@ -224,6 +272,9 @@ def main() -> None:
             ),
             cpu_reserve_mib=dict(type="int", default=1024),
             rpc_server=dict(type="path"),
+            units=dict(type="list", elements="str", default=[]),
+            memory_max_mib=dict(type="raw", default="0"),
+            names=dict(type="dict", default={}),
             strict=dict(type="bool", default=False),
         ),
         supports_check_mode=True,

@@ -26,11 +26,11 @@ BUILD = {
 }
 
 
-def role_unit(build: dict, firewall: bool = True) -> str:
+def role_unit(build: dict, firewall: bool = True, memory_max_mib: object = 0) -> str:
     """What roles/rpc_server/tasks/configure.yml renders for one instance."""
     argv = FILTERS["rpc_server_argv"](build, host="10.77.0.12", port=50053, threads=0, devices=["CUDA1"], cache=True)
     return FILTERS["rpc_server_unit"](argv, build, port=50053, user="llamafleet-rpc", home="/var/lib/llamafleet-rpc",
-                                      firewall=firewall, header="# Managed by Ansible")
+                                      firewall=firewall, header="# Managed by Ansible", memory_max_mib=memory_max_mib)
 
 
 def test_role_chain_renders_the_instance() -> None:
@@ -43,6 +43,16 @@ def test_role_chain_renders_the_instance() -> None:
     assert "PrivateDevices=yes" not in lines and "ProtectClock=yes" not in lines  # CUDA GPUs stay reachable
     assert "PrivateDevices=yes" in role_unit(dict(BUILD, backend="cpu")).splitlines()
     assert "Requires=llamafleet-rpc-firewall.service" not in role_unit(BUILD, firewall=False).splitlines()
+
+
+def test_role_chain_renders_the_memory_limit() -> None:
+    # gpu_facts' memory_max_mib, an int (or the string a template makes of it)
+    for given in (2048, "2048"):
+        lines = role_unit(dict(BUILD, backend="cpu"), memory_max_mib=given).splitlines()
+        assert lines[lines.index("MemoryMax=2048M") + 1] == "MemorySwapMax=0"
+    assert not [line for line in role_unit(BUILD).splitlines() if line.startswith("Memory")]
+    with pytest.raises(AnsibleFilterError, match="rpc_server_unit: "):
+        role_unit(BUILD, memory_max_mib="lots")
 
 
 @pytest.mark.parametrize("build, message", [

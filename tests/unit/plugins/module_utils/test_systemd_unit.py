@@ -28,6 +28,7 @@ from llamafleet.core.systemd_unit import (
     UnitError,
     device_policy,
     hardening,
+    memory_limit,
     render_gate_unit,
     render_rpc_guard_unit,
     render_rpc_server_unit,
@@ -222,6 +223,19 @@ def test_rpc_server_environment_adds_to_the_cache_variable() -> None:
         render_rpc_server_unit(RPC_ARGV, "vulkan", 50052, environment={"BAD NAME": "1"})
 
 
+def test_rpc_server_memory_limit_is_ram_only() -> None:
+    unit = render_rpc_server_unit(RPC_ARGV, "cpu", 50052, memory_max_mib=2048)
+    memory = [(key, value) for section, key, value in directives(unit) if key.startswith("Memory")]
+    assert memory == [("MemoryMax", "2048M"), ("MemorySwapMax", "0")]
+    # none asked: the unit is the one it always was
+    assert render_rpc_server_unit(RPC_ARGV, "cpu", 50052, memory_max_mib=0) == render_rpc_server_unit(
+        RPC_ARGV, "cpu", 50052)
+    assert "Memory" not in render_rpc_server_unit(RPC_ARGV, "cpu", 50052)
+    for bad in (-1, "2048", True):
+        with pytest.raises(UnitError, match="memory_max_mib is"):
+            memory_limit(bad)
+
+
 def test_rpc_server_without_firewall_does_not_require_it() -> None:
     found = directives(rpc_unit("cpu", firewall=False))
     assert ("Unit", "After", "network-online.target") in found
@@ -339,6 +353,17 @@ def test_systemd_analyze_security(tmp_path: Path, service: str) -> None:
     assert scores["cpu"] <= 4.0, scores
     # GPU units give up only the device protections: open /dev, and the clock (which would close it)
     assert all(scores["cpu"] < scores[b] <= scores["cpu"] + 0.6 for b in ("cuda", "rocm", "vulkan")), scores
+
+
+@needs(SYSTEMD_ANALYZE, "systemd-analyze (systemd)")
+def test_systemd_analyze_takes_the_memory_limit(tmp_path: Path) -> None:
+    unit = tmp_path / "llamafleet-rpc-server.service"
+    unit.write_text(render_rpc_server_unit(["/bin/true"], "cpu", 50052, firewall=False, memory_max_mib=2048))
+    done = subprocess.run([SYSTEMD_ANALYZE, "verify", "--man=no", str(unit)], capture_output=True, text=True,
+                          check=False)
+    problems = [line for line in done.stderr.splitlines() if unit.name in line
+                and "Special user" not in line and "is not a valid user" not in line]
+    assert not problems, done.stderr
 
 
 # --- the serving gate ---------------------------------------------------------------------------------------

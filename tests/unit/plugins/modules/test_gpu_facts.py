@@ -94,3 +94,25 @@ def test_unknown_backend_fails(capsys: pytest.CaptureFixture[str]) -> None:
 def test_rpc_server_must_be_executable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, result = run_module({"rpc_server": str(tmp_path / "nope")}, capsys)
     assert rc == 1 and "is not an executable file" in result["msg"]
+
+
+def test_memory_max_above_the_hosts_memory_fails_naming_host_and_variable(capsys: pytest.CaptureFixture[str]) -> None:
+    names = {"host": "lab2", "memory_max_mib": "rpc_server_memory_max_mib", "overrides": "rpc_server_device_overrides"}
+    rc, result = run_module({"backends": ["cpu"], "memory_max_mib": 1 << 30, "names": names}, capsys)
+    assert rc == 1 and result["failed"]
+    assert result["msg"].startswith("lab2: rpc_server_memory_max_mib is 1073741824 MiB, above this host's memory: ")
+    rc, result = run_module({"backends": ["cpu"], "names": names,
+                             "overrides": [{"match": "cpu", "total_mib": 1 << 30}]}, capsys)
+    assert rc == 1 and "lab2: rpc_server_device_overrides[0].total_mib is 1073741824 MiB" in result["msg"]
+
+
+def test_memory_max_auto_on_a_cpu_host(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, result = run_module({"backends": ["cpu"], "memory_max_mib": "auto", "units": ["llamafleet-rpc-server.service"],
+                             "overrides": [{"match": "cpu", "max_mib": 512}]}, capsys)
+    assert rc == 0, result
+    assert result["memory_max_mib"] == 512
+    (dev,) = result["rpc_devices"]
+    assert dev["limit_mib"] == 512 and dev["limit_source"] == "memory_max_mib (the unit's MemoryMax)"
+    assert dev["free_source"].startswith(("/proc/meminfo MemAvailable", "cgroup "))
+    rc, result = run_module({"backends": ["cpu"]}, capsys)
+    assert rc == 0 and result["memory_max_mib"] == 0 and "limit_mib" not in result["rpc_devices"][0]
