@@ -1,0 +1,136 @@
+# -*- coding: utf-8 -*-
+# Copyright: llamafleet maintainers
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What the controller-side action plugins rpc_cache_share and model_receive share: cutting byte ranges of the
+controller's model into files, putting them on the host, the progress line, and the FNV helper on the controller.
+
+Controller only (Ansible's connection and display).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+from ansible.errors import AnsibleActionFail
+from ansible.utils.display import Display
+
+from ansible_collections.llamafleet.cluster.plugins.module_utils.fnv import HELPER_NAME, HashError, find_helper
+
+display = Display()
+_CHUNK = 8 << 20
+# The helper's source, in the collection (the hosts compile the same file in role llamacpp_build).
+HELPER_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                             "roles", "llamacpp_build", "files", HELPER_NAME + ".c")
+
+
+def controller_hasher(explicit: str | None, cache_dir: str) -> str | None:
+    """The FNV helper on the controller: ``explicit``, else ``$LLAMAFLEET_FNV_HELPER`` or PATH, else the
+    collection's C source compiled once into ``cache_dir`` with the controller's C compiler; None when there is
+    no compiler either (hashing then runs in Python, about 12 MB/s)."""
+    try:
+        found = find_helper(explicit or None)
+    except HashError as exc:
+        raise AnsibleActionFail(str(exc)) from None
+    if found:
+        return found
+    compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not compiler or not os.path.isfile(HELPER_SOURCE):
+        return None
+    with open(HELPER_SOURCE, "rb") as handle:
+        digest = hashlib.sha256(handle.read()).hexdigest()[:12]
+    target = os.path.join(cache_dir, "%s-%s" % (HELPER_NAME, digest))
+    if os.access(target, os.X_OK):
+        return target
+    os.makedirs(cache_dir, exist_ok=True)
+    tmp = "%s.%d.tmp" % (target, os.getpid())
+    done = subprocess.run([compiler, "-O2", "-pthread", "-o", tmp, HELPER_SOURCE], capture_output=True, text=True,
+                          check=False)
+    if done.returncode != 0:
+        display.warning("compiling %s on the controller failed (%s); hashing in Python instead"
+                        % (HELPER_SOURCE, done.stderr.strip()[-300:]))
+        return None
+    os.replace(tmp, target)
+    return target
+
+
+def cut(path: str, offset: int, size: int) -> tuple[str, str]:
+    """Copy ``size`` bytes at ``offset`` of ``path`` into a temporary file; (its path, the bytes' sha256)."""
+    digest = hashlib.sha256()
+    fd, tmp = tempfile.mkstemp(prefix="llamafleet-piece-")
+    try:
+        with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
+            src.seek(offset)
+            left = size
+            while left:
+                block = src.read(min(_CHUNK, left))
+                if not block:
+                    raise AnsibleActionFail("%s ended at byte %d, inside the range %d:%d" % (path, src.tell(),
+                                                                                              offset, size))
+                digest.update(block)
+                dst.write(block)
+                left -= len(block)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp, digest.hexdigest()
+
+
+class Progress:
+    """One host's transfer: a line ``HOST: what, X of Y MiB (P%), Z MB/s`` at most every ``every`` seconds."""
+
+    def __init__(self, host: str, what: str, total: int, every: float = 2.0) -> None:
+        self.host, self.what, self.total, self.every = host, what, total, every
+        self.done = 0
+        self.start = time.monotonic()
+        self.last = 0.0
+
+    def add(self, nbytes: int, force: bool = False) -> None:
+        self.done += nbytes
+        now = time.monotonic()
+        if force or now - self.last >= self.every:
+            self.last = now
+            display.display(self.line())
+
+    def seconds(self) -> float:
+        return round(time.monotonic() - self.start, 2)
+
+    def line(self) -> str:
+        rate = self.done / max(time.monotonic() - self.start, 1e-6) / 1e6
+        pct = 100.0 * self.done / self.total if self.total else 100.0
+        return "%s: %s, %.1f of %.1f MiB (%.0f%%), %.1f MB/s" % (self.host, self.what, self.done / 1048576.0,
+                                                                 self.total / 1048576.0, pct, rate)
+
+
+def remote_dir(action: Any, direct: str) -> str:
+    """Where files go on the host: ``direct`` (a folder beside their destination) when the connection's user writes
+    there itself (no become, or connected as root); else the action's temporary folder, readable by the become user,
+    from which the module copies them in."""
+    context = action._play_context
+    if not context.become or (context.remote_user or "") == "root":
+        return direct
+    if not action._connection._shell.tmpdir:
+        action._make_tmp_path()
+    return action._connection._shell.tmpdir
+
+
+def put(action: Any, local: str, folder: str, name: str) -> str:
+    """Put the controller file ``local`` on the host as ``folder/name`` (readable by the become user); its path."""
+    remote = action._connection._shell.join_path(folder, name)
+    action._connection.put_file(local, remote)
+    if folder == action._connection._shell.tmpdir:
+        action._fixup_perms2([remote], execute=False)
+    return remote
+
+
+def module_result(action: Any, name: str, args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
+    """Run module ``name`` with ``args`` on the host; its result (AnsibleActionFail with its message when it failed)."""
+    result = action._execute_module(module_name=name, module_args=args, task_vars=task_vars)
+    if result.get("failed"):
+        raise AnsibleActionFail(result.get("msg", "%s failed" % name), result=result)
+    return result
