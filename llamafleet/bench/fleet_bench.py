@@ -273,6 +273,16 @@ def bytes_per_worker(hosts: list[str], stats: list[dict[str, Any]]) -> dict[str,
     return out
 
 
+def weights_per_worker(plan: dict[str, Any]) -> dict[str, int]:
+    """Bytes of weights the plan gives each worker host (its RPC devices together): what its cache can supply."""
+    out: dict[str, int] = {}
+    for device in (plan.get("devices") if isinstance(plan, dict) else None) or []:
+        if device.get("local") or not device.get("host") or device.get("weights_mib") is None:
+            continue
+        out[device["host"]] = out.get(device["host"], 0) + int(float(device["weights_mib"]) * 1024 * 1024)
+    return out
+
+
 def point_path(run_dir: Path, index: int) -> Path:
     return run_dir / POINTS_DIR / ("%03d.json" % index)
 
@@ -305,6 +315,7 @@ def run_measure(data: dict[str, Any]) -> dict[str, Any]:
     point = _point(spec)
     point.load_s = load_seconds(data.get("start_usec"), data.get("loaded_line", ""))
     point.bytes_per_worker = bytes_per_worker(data.get("proxy_hosts") or [], data.get("proxy_stats") or [])
+    point.weights_per_worker = weights_per_worker(data.get("plan") or {})
     point.hops = rpc_hops(data.get("plan") or {})
     point.plan_policy = str((data.get("plan") or {}).get("policy") or "")
     point.build_id = str(data.get("build_id") or "")
@@ -328,7 +339,8 @@ def run_measure(data: dict[str, Any]) -> dict[str, Any]:
                                                        "proxy_stats": data.get("proxy_stats") or []})
     tok_s = [r.tok_s for r in point.repetitions if r.tok_s]
     return {"status": point.status, "tok_s": round(sorted(tok_s)[len(tok_s) // 2], 2) if tok_s else None,
-            "load_s": point.load_s, "bytes_per_worker": point.bytes_per_worker, "hops": point.hops,
+            "load_s": point.load_s, "bytes_per_worker": point.bytes_per_worker,
+            "weights_per_worker": point.weights_per_worker, "hops": point.hops,
             "plan_policy": point.plan_policy,
             "progress": progress_line(int(spec["index"]), int(data["total"]), elapsed(run_dir))}
 

@@ -69,6 +69,7 @@ class Point:
     repetitions: list[Repetition] = field(default_factory=list)
     load_s: float | None = None
     bytes_per_worker: dict[str, int] = field(default_factory=dict)
+    weights_per_worker: dict[str, int] = field(default_factory=dict)  # planned: what each worker's cache can supply
     hops: int | None = None
     build: str = ""
     status: str = "ok"
@@ -384,7 +385,9 @@ def plot_vs_latency(path: Path, points: list[Point], name: str, scale: float, yl
 
 
 def plot_load_and_bytes(path: Path, points: list[Point]) -> None:
-    """Per split (nodes, policy, build): median load time, and median bytes sent to each worker (stacked)."""
+    """Per split (nodes, policy, build): median load time; and per worker, the bytes sent to it at load beside the
+    weights the plan gives it, on a log scale, so a seeded worker's kilobytes and an unseeded one's gigabytes both
+    read (the gap between the two bars is what its cache supplied)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -395,30 +398,45 @@ def plot_load_and_bytes(path: Path, points: list[Point]) -> None:
     for p in sorted((p for p in points if p.status == "ok"), key=_order):
         splits.setdefault(p.label(extra), []).append(p)
     labels = list(splits)
-    workers = sorted({w for group in splits.values() for p in group for w in p.bytes_per_worker})
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
     loads = [Spread.of(p.load_s for p in splits[label]) for label in labels]
     left.bar(range(len(labels)), [s.median if s else 0 for s in loads], color="tab:blue",
              yerr=[[s.median - s.low if s else 0 for s in loads], [s.high - s.median if s else 0 for s in loads]],
              capsize=3)
     left.set_ylabel("load time (s)")
     left.set_title("load time per split")
-    bottom = [0.0] * len(labels)
-    for worker in workers:
-        mb = [statistics.median([p.bytes_per_worker.get(worker, 0) for p in splits[label]]) / 1e6 for label in labels]
-        right.bar(range(len(labels)), mb, bottom=bottom, label=worker)
-        bottom = [b + m for b, m in zip(bottom, mb)]
-    right.set_ylabel("MB sent to the worker")
-    right.set_title("bytes per worker per split")
-    if workers:
+    left.set_xticks(range(len(labels)))
+    left.set_xticklabels(labels, rotation=20, ha="right")
+    bars = [(label, worker) for label in labels
+            for worker in sorted({w for p in splits[label] for w in {**p.weights_per_worker, **p.bytes_per_worker}})]
+    sent = [statistics.median([p.bytes_per_worker.get(w, 0) for p in splits[label]]) for label, w in bars]
+    planned = [statistics.median([p.weights_per_worker.get(w, 0) for p in splits[label]]) for label, w in bars]
+    where = range(len(bars))
+    right.bar([i - 0.2 for i in where], [max(b, 1) for b in planned], width=0.4, color="tab:gray",
+              label="planned weights")
+    right.bar([i + 0.2 for i in where], [max(b, 1) for b in sent], width=0.4, color="tab:orange",
+              label="sent at load")
+    for i, value in zip(where, sent):
+        right.annotate(_bytes_label(value), (i + 0.2, max(value, 1)), ha="center", va="bottom", fontsize="x-small")
+    right.set_yscale("log")
+    right.set_ylabel("bytes (log scale)")
+    right.set_title("per worker: sent at load against its planned weights")
+    right.set_xticks(list(where))
+    right.set_xticklabels([f"{w}\n{label}" for label, w in bars], rotation=20, ha="right", fontsize="small")
+    if bars:
         right.legend(fontsize="small")
     for ax in (left, right):
-        ax.set_xticks(range(len(labels)))
-        ax.set_xticklabels(labels, rotation=20, ha="right")
         ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _bytes_label(value: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= size:
+            return "%.3g %s" % (value / size, unit)
+    return "%d B" % value
 
 
 def write_report(points: list[Point], folder: Path, echo: Callable[[str], None] | None = None) -> dict[str, Path]:

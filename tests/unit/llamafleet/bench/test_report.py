@@ -33,6 +33,7 @@ def matrix(compute_s: float = 0.020, k: float = 1.5, noise: float = 0.0, policy:
                                prompt_tok_s=500.0) for f in (0.98, 1.0, 1.03)]
             points.append(Point(nodes=n, latency_ms=lat, policy=policy, repetitions=reps, load_s=10.0 + n,
                                 bytes_per_worker={"w%d" % i: 100_000_000 // n for i in range(1, n + 1)},
+                                weights_per_worker={"w%d" % i: 6_000_000_000 // n for i in range(1, n + 1)},
                                 sweep=[{"clients": c, "requests": 2 * c, "errors": 0, "wall_s": 2.0,
                                         "tokens": 128 * c, "aggregate_tok_s": 64.0 * c, "latency_p50_s": 1.0,
                                         "latency_p95_s": 1.5, "ttft_p50_s": 0.1, "ttft_p95_s": 0.2}
@@ -202,3 +203,9 @@ def test_a_run_where_nothing_was_measured_still_writes_every_file(tmp_path: Path
     assert read_csv(paths["sweep.csv"]) == [] and paths["sweep.csv"].read_text().startswith("nodes,latency_ms")
     assert json.loads(paths["results.json"].read_text())["fits"] == {}
     assert all(paths[name].read_bytes()[:8] == PNG_MAGIC for name in report.PLOTS)
+
+
+def test_bytes_label_reads_kb_and_gb() -> None:
+    from llamafleet.bench.report import _bytes_label
+
+    assert [_bytes_label(v) for v in (25_000, 2_300_000_000, 12, 5_500_000)] == ["25 kB", "2.3 GB", "12 B", "5.5 MB"]
