@@ -93,6 +93,7 @@ def _plan_over(params: dict, facts: dict, workers: list) -> dict:
         cache_type_k=params["cache_type_k"], cache_type_v=params["cache_type_v"],
         compute_mib=params["compute_mib"], tensor_split=params["tensor_split"] or None,
         kv_unified=params["kv_unified"], policy=params["policy"], link_rtt_ms=params["link_rtt_ms"],
+        cpu_layers=params["cpu_layers"],
     )
 
 
@@ -142,7 +143,8 @@ def _split_comment(plan: dict) -> str:
     rpc = ",".join(plan["rpc"]) or "-"
     if plan["tensor_split"] is None:
         return "split: --rpc %s, policy fit (llama.cpp fits -ngl and -ts at load)" % rpc
-    return "split: --rpc %s -ts %s (policy %s)" % (rpc, plan["tensor_split_arg"], plan["policy"])
+    cpu = ", layers 0-%d on the CPU (-ngl %d)" % (plan["cpu_layers"] - 1, plan["ngl"]) if plan.get("cpu_layers") else ""
+    return "split: --rpc %s -ts %s (policy %s%s)" % (rpc, plan["tensor_split_arg"], plan["policy"], cpu)
 
 
 def _render_parts(module: Any, plan: dict) -> tuple[list[str], list[list[str]], list[str]]:

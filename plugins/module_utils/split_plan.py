@@ -44,6 +44,15 @@ from .split_devices import (
     model_devices,
     size_devices,
 )
+from .split_cpu import (
+    CPU_LAYERS_VARIABLE,
+    check_cpu_layers,
+    check_fixed,
+    cpu_entry,
+    orchestrator_cpu,
+    takes_part,
+    without_first,
+)
 from .split_policies import DEFAULT_POLICY, POLICIES, choose_split
 from .split_units import (
     DEFAULT_N_UBATCH,
@@ -165,27 +174,31 @@ def assemble_plan(workers: Sequence[Mapping[str, Any]], orchestrator: Mapping[st
                   devices: list[dict[str, Any]], sizing: Mapping[str, Any], choice: Mapping[str, Any],
                   ctx: int, n_parallel: int = 1, cache_type_k: str = "f16", cache_type_v: str | None = None,
                   compute_mib: int = DEFAULT_COMPUTE_MIB, link_rtt_ms: float | None = None,
-                  slots: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                  slots: Mapping[str, Any] | None = None, cpu_count: int = 0,
+                  cpu: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Step 4: the plan for the chosen unit counts (without explanation and warnings).
 
     Endpoints whose devices all get no units are dropped (``excluded``) and the
     remaining devices renamed as llama.cpp names them without those endpoints.
     ``slots`` is :func:`resolve_slots`' answer (it wins over ``n_parallel``);
-    without it, ``n_parallel`` slots with a KV cache per slot.
+    without it, ``n_parallel`` slots with a KV cache per slot. The first
+    ``cpu_count`` units stay on the orchestrator's ``cpu`` (split_cpu): ``ngl``
+    is the unit count less them, and the devices' units start after them.
     """
     slots = slots or resolve_slots(ctx, n_parallel)
     counts = choice["counts"]
     excluded: list[dict[str, Any]] = []
+    ngl = sizing["units"] - cpu_count
     if counts is not None:
         devices, counts, excluded = _drop_idle_endpoints(workers, orchestrator, devices, list(counts), compute_mib,
                                                          link_rtt_ms)
-        # llama.cpp must map the emitted split back to exactly these counts.
-        reproduced = layers_from_split(counts, sizing["n_layer"])
-        if reproduced != counts:  # pragma: no cover - guards the invariant documented in split_units
-            raise AssertionError("tensor_split %r maps to %r in llama.cpp, not the planned counts"
-                                 % (counts, reproduced))
+        # llama.cpp must map the emitted split and -ngl back to exactly these counts, the CPU's units first.
+        placed = assign_layers(counts, sizing["n_layer"], ngl)
+        reproduced = [placed.count(index) for index in range(len(counts))]
+        if reproduced != counts or placed[:cpu_count] != [-1] * cpu_count:  # pragma: no cover - the invariant
+            raise AssertionError("-ngl %d -ts %r maps to %r in llama.cpp, not the planned counts" % (ngl, counts, placed))
     entries = []
-    start = 0
+    start = cpu_count
     for index, dev in enumerate(devices):
         count = None if counts is None else counts[index]
         entries.append(_device_entry(dev, start, count, sizing))
@@ -195,11 +208,13 @@ def assemble_plan(workers: Sequence[Mapping[str, Any]], orchestrator: Mapping[st
         if dev["endpoint"] and dev["endpoint"] not in rpc:
             rpc.append(dev["endpoint"])
     used = [dev for index, dev in enumerate(devices) if counts is None or counts[index] > 0]
+    if cpu_count and cpu is not None:
+        used.append(cpu)
     compute = sum(dev["compute_mib"] for dev in used) * MIB
     orchestrator_host = str(orchestrator.get("host")) if orchestrator and orchestrator.get("host") else None
     estimate = choice["estimates"].get(choice["policy"])
     return {
-        "identity": plan_identity(entries, rpc, counts, choice["policy"]),
+        "identity": plan_identity(entries, rpc, counts, choice["policy"], cpu_count),
         "rpc": rpc,
         "devices": entries,
         "device_names": [d["name"] for d in entries],
@@ -210,7 +225,9 @@ def assemble_plan(workers: Sequence[Mapping[str, Any]], orchestrator: Mapping[st
         "requested_policy": choice["requested"],
         "estimate": estimate,
         "excluded": excluded,
-        "ngl": sizing["units"] if counts is not None else None,
+        "ngl": ngl if counts is not None else None,
+        "cpu_layers": cpu_count,
+        "cpu": cpu_entry(cpu, cpu_count, sizing),
         "n_layer": sizing["n_layer"],
         "split_mode": "layer",
         "ctx_size": ctx,
@@ -227,7 +244,7 @@ def assemble_plan(workers: Sequence[Mapping[str, Any]], orchestrator: Mapping[st
             "weights_mib": _mib(sum(sizing["layer_bytes"]) + sizing["output_bytes"]),
             "kv_mib": _mib(sum(sizing["kv"])),
             "compute_mib": _mib(compute),
-            "usable_mib": sum(dev["usable_mib"] for dev in devices),
+            "usable_mib": sum(dev["usable_mib"] for dev in devices) + (cpu["usable_mib"] if cpu_count and cpu else 0),
             "total_mib": _mib(sum(sizing["costs"]) + compute),
         },
     }
@@ -256,6 +273,13 @@ def explain_plan(plan: Mapping[str, Any], choice: Mapping[str, Any], model: Mapp
             lines.append("estimated per token (%s): %.3f ms reading weights and KV + %d round trip(s) %.3f ms = "
                          "%.3f ms" % (name, estimate["compute_ms"], estimate["hops"], estimate["rtt_ms"],
                                       estimate["total_ms"]))
+    lines.append(choice.get("cpu_reason") or "orchestrator CPU: no layers")
+    if plan.get("cpu"):
+        cpu = plan["cpu"]
+        lines.append("%-7s %-22s %-10s units %-14s %3d  %8.1f MiB of %6d MiB usable (%s%%), after the %.1f MiB that "
+                     "stay there; -ngl %d" % ("CPU", "local", cpu["host"], cpu["layers"]["range"], cpu["layers"]["count"],
+                                              cpu["total_mib"], cpu["usable_mib"], cpu["fill_pct"], cpu["held_mib"],
+                                              plan["ngl"]))
     for dev in plan["devices"]:
         if dev["layers"] is None:
             lines.append("%-7s %-22s %-10s units decided by llama.cpp, %6d MiB usable"
@@ -326,7 +350,8 @@ def plan_split(workers: Sequence[Mapping[str, Any]],
                kv_unified: bool = False,
                n_ubatch: int = DEFAULT_N_UBATCH,
                policy: str = DEFAULT_POLICY,
-               link_rtt_ms: float | None = None) -> dict[str, Any]:
+               link_rtt_ms: float | None = None,
+               cpu_layers: str | int = 0) -> dict[str, Any]:
     """Plan llama-server's ``--rpc``, device order and ``--tensor-split`` for a fleet.
 
     :param workers: rpc-server hosts in inventory (= ``--rpc``) order, each
@@ -351,6 +376,9 @@ def plan_split(workers: Sequence[Mapping[str, Any]],
     :param link_rtt_ms: the round trip to every worker that gives no ``rtt_ms``;
         with round trips known, ``balanced`` takes the ``fewest_hops`` plan when
         its estimated time per token is lower.
+    :param cpu_layers: layers left on the orchestrator's CPU (its CPU entry in
+        ``orchestrator["devices"]`` gives the memory): ``auto`` (on a CPU fleet
+        the CPU joins the split policy), ``0`` or a number (split_cpu).
     :returns: the plan (see the module's RETURN documentation in rpc_plan).
     :raises PlanError: with a message that says what to change.
     """
@@ -358,11 +386,35 @@ def plan_split(workers: Sequence[Mapping[str, Any]],
     slots = resolve_slots(request["ctx"], n_parallel, kv_unified, int(model.get("n_ctx_train") or 0))
     devices, sizing = size_fleet(workers, orchestrator, model, request["ctx"], slots["n_parallel"], cache_type_k,
                                  cache_type_v, kv_unified, n_ubatch, compute_mib, link_rtt_ms)
-    choice = choose_split(policy, devices, sizing, request["ctx"], tensor_split)
+    choice, cpu, cpu_count = _choose_with_cpu(cpu_layers, workers, orchestrator, devices, sizing, request, compute_mib,
+                                              tensor_split)
     plan = assemble_plan(workers, orchestrator, devices, sizing, choice, request["ctx"], slots["n_parallel"],
-                         cache_type_k, cache_type_v, compute_mib, link_rtt_ms, slots)
+                         cache_type_k, cache_type_v, compute_mib, link_rtt_ms, slots, cpu_count, cpu)
     plan["explanation"], plan["warnings"] = explain_plan(plan, choice, model, orchestrator, compute_mib)
     return plan
+
+
+def _choose_with_cpu(cpu_layers: str | int, workers: Sequence[Mapping[str, Any]],
+                     orchestrator: Mapping[str, Any] | None, devices: Sequence[dict[str, Any]],
+                     sizing: Mapping[str, Any], request: Mapping[str, Any], compute_mib: int,
+                     tensor_split: Sequence[float] | None) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
+    """Step 3 with the orchestrator's CPU (split_cpu): the choice over llama.cpp's devices, the CPU device, its units."""
+    policy = request["policy"]
+    setting = check_cpu_layers(cpu_layers, request["n_layer"])
+    cpu = orchestrator_cpu(orchestrator, workers, compute_mib, sizing["host_bytes"])
+    joins, reason = takes_part(setting, cpu, devices, policy, tensor_split is not None, sizing)
+    if joins:
+        choice = choose_split(policy, [cpu] + list(devices), sizing, request["ctx"])
+        cpu_count, choice["counts"] = choice["counts"][0], choice["counts"][1:]
+    else:
+        cpu_count = setting if isinstance(setting, int) else 0
+        if cpu_count and policy == "fit":
+            raise PlanError("%s is %d and policy fit lets llama.cpp choose -ngl: set it to 0 or auto, or choose "
+                            "another policy" % (CPU_LAYERS_VARIABLE, cpu_count))
+        check_fixed(cpu, cpu_count, sizing, orchestrator.get("host") if orchestrator else None)
+        choice = choose_split(policy, devices, without_first(sizing, cpu_count), request["ctx"], tensor_split)
+    choice["cpu_reason"] = reason
+    return choice, cpu, cpu_count
 
 
 def _check_orchestrator_ram(orchestrator: Mapping[str, Any] | None, host_mib: float, warnings: list[str]) -> None:
@@ -384,10 +436,12 @@ IDENTITY_DEVICE_KEYS = ("name", "host", "backend", "endpoint", "description", "l
 
 
 def plan_identity(entries: Sequence[Mapping[str, Any]], rpc: Sequence[str], counts: Sequence[int] | None,
-                  policy: str) -> str:
+                  policy: str, cpu_layers: int = 0) -> str:
     """A short hash of what the plan is (:data:`IDENTITY_DEVICE_KEYS` of each device, the RPC endpoints, the split,
     the policy): equal for two runs that plan the same thing, whatever the memory readings. The deployed plan
     file is rewritten when it changes, even when llama-server's unit does not (a worker that changed backend)."""
     stable = {"devices": [{key: dev.get(key) for key in IDENTITY_DEVICE_KEYS} for dev in entries],
               "rpc": list(rpc), "tensor_split": None if counts is None else list(counts), "policy": policy}
+    if cpu_layers:  # left out when 0, so the plans deployed before CPU layers existed keep their identity
+        stable["cpu_layers"] = cpu_layers
     return hashlib.sha256(json.dumps(stable, sort_keys=True).encode("utf-8")).hexdigest()[:16]

@@ -21,8 +21,8 @@ description:
   - With O(rpc_server), the built rpc-server binary itself lists the devices it would serve, which is
     exactly what llama-server will see through RPC.
   - The CPU entry's figures are the tighter of C(/proc/meminfo) and the cgroup limits above the service's units
-    (O(units)): a container's or a slice's C(memory.max) (cgroup v2) or C(memory.limit_in_bytes) (v1), less what
-    the others in it use; what the units themselves hold counts as theirs. C(total_source) and C(free_source) say
+    (O(units)), such as a container's or a slice's C(memory.max) (cgroup v2) or C(memory.limit_in_bytes) (v1), less
+    what the others in it use; what the units themselves hold counts as theirs. C(total_source) and C(free_source) say
     which figure won.
 author: llamafleet maintainers (@llamafleet)
 extends_documentation_fragment:
@@ -74,7 +74,7 @@ options:
     type: path
   units:
     description:
-      - The systemd units of the service the memory is for (an rpc-server's, llama-server's), in C(system.slice):
+      - The systemd units of the service the memory is for (an rpc-server's, llama-server's), in C(system.slice);
         the cgroups above them are read, and what they hold already counts as free for them.
       - Empty reads the cgroups above this module's own process.
     type: list

@@ -119,6 +119,17 @@ options:
         round trips and O(policy=balanced) never switches to V(fewest_hops).
       - M(llamafleet.cluster.link_rtt) measures each worker's C(rtt_ms).
     type: float
+  cpu_layers:
+    description:
+      - Layers left on the orchestrator's CPU (C(-ngl) below the unit count; llama.cpp keeps the first layers there),
+        sized from the CPU entry in O(orchestrator)'s devices (RV(llamafleet.cluster.gpu_facts#module:devices), the
+        tighter of C(/proc/meminfo) and the cgroup limits above llama-server's unit) less what stays there anyway
+        (input embedding, other tensors) and the compute margin.
+      - V(auto) lets the CPU take part in V(balanced) and V(fewest_hops) like a device before C(RPC0) on a CPU
+        fleet (no local GPU, every worker a CPU), and gives it none otherwise. V(0) none; a number exactly that
+        many, refused when the CPU cannot hold them.
+    type: raw
+    default: auto
   degrade:
     description:
       - Also plan, for each worker host, the cluster without it (RV(degraded)), with llama-server's
@@ -325,8 +336,17 @@ plan:
       type: list
       elements: int
     ngl:
-      description: C(-ngl), layers plus output; null for V(fit).
+      description: C(-ngl), the units (layers plus output) on the devices, less those left on the CPU; null for V(fit).
       type: int
+    cpu_layers:
+      description: Layers left on the orchestrator's CPU, the first ones (O(cpu_layers)); 0 for none.
+      type: int
+    cpu:
+      description:
+        - What the orchestrator's CPU holds when it holds layers (null otherwise), C(host), C(layers), C(weights_mib),
+          C(kv_mib), C(compute_mib), C(total_mib), C(usable_mib) (after C(held_mib), what stays there anyway, the
+          input embedding and the other tensors), C(fill_pct), C(source) (where its free figure came from).
+      type: dict
     n_parallel:
       description: The slots (C(-np)), O(n_parallel) or the count chosen for V(0).
       type: int
@@ -437,6 +457,7 @@ def main() -> None:
             tensor_split=dict(type="list", elements="float"),
             policy=dict(type="str", default=DEFAULT_POLICY, choices=list(POLICIES)),
             link_rtt_ms=dict(type="float"),
+            cpu_layers=dict(type="raw", default="auto"),
             degrade=dict(type="bool", default=False),
             features=dict(type="dict"),
             binary=dict(type="path"),

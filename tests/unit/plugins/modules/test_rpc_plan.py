@@ -135,6 +135,24 @@ def test_rendered_argv_and_unit(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "ExecStartPre=/usr/local/libexec/llamafleet-rpc-wait \\" in lines
 
 
+def test_cpu_layers_on_a_cpu_orchestrator_render_ngl_below_the_units(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    orchestrator = {"host": "lab1", "devices": [dict(cpu(400), reserve_mib=0)]}
+    rc, result = run_module(render_args(tmp_path / "u.service", orchestrator=orchestrator), capsys)
+    assert rc == 0, result
+    plan = result["plan"]
+    assert plan["cpu_layers"] > 0 and plan["ngl"] == 19 - plan["cpu_layers"] == sum(plan["tensor_split"])
+    argv = result["argv"]
+    assert argv[argv.index("-ngl") + 1] == str(plan["ngl"]) and argv[argv.index("-ts") + 1] == plan["tensor_split_arg"]
+    assert "# split: --rpc %s -ts %s (policy balanced, layers 0-%d on the CPU (-ngl %d))" % (
+        ",".join(plan["rpc"]), plan["tensor_split_arg"], plan["cpu_layers"] - 1, plan["ngl"]) in result["unit"]
+    # 0 keeps every layer on the workers
+    rc, result = run_module(render_args(tmp_path / "v.service", orchestrator=orchestrator, cpu_layers=0), capsys)
+    assert rc == 0 and result["plan"]["ngl"] == 19 and result["plan"]["cpu"] is None
+    rc, result = run_module(args(orchestrator=orchestrator, cpu_layers="lots"), capsys)
+    assert rc == 1 and "lab1: cpu_layers (llama_server_cpu_layers) is 'lots'" in result["msg"]
+
+
 def test_changed_content_and_mode_are_changes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     unit = tmp_path / "u.service"
     run_module(render_args(unit), capsys)
