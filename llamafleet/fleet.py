@@ -20,6 +20,10 @@ hashed (``|1|...``) and ``[host]:port`` entries match; wildcard patterns, ``@cer
 ``StrictHostKeyChecking=no`` is not honoured: only ``LLAMAFLEET_SSH_INSECURE=1`` (or
 ``fabric_connection(..., insecure=True)``) skips the check, with a warning on stderr per connection.
 
+Each host is reached as ``ansible`` would reach it (:mod:`llamafleet.connection`): the user, port, keys and
+jump hosts that Ansible's configuration and the user's ssh config give, or, for ``ansible_connection: local``,
+this machine without SSH.  A host that cannot be reached is described in words that name it.
+
 Commands run as the connecting user, or through ``sudo`` when the inventory asks Ansible to
 become another user (``ansible_become``, ``ansible_become_user``, ``ansible_become_method=sudo``,
 ``ansible_become_password`` / ``ansible_become_pass``), as the playbooks' tasks do.
@@ -39,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import connection
+from .connection import ConnectError, Hop, LocalConnection, Target, describe_error, local_user, run_error
 from .core import constants
 from .errors import UserError
 
@@ -61,9 +67,16 @@ class HostKeyError(UserError):
 class Host:
     name: str
     address: str
-    user: str = "root"
+    user: str = field(default_factory=local_user)
     port: int = 22
     key_file: str | None = None
+    # Further keys ssh would try (the ssh config's IdentityFile), jump hosts, a ProxyCommand; see connection.settle.
+    more_key_files: tuple[str, ...] = ()
+    jumps: tuple[Hop, ...] = ()
+    proxy_command: str | None = None
+    # ``ansible_connection: local``: commands run on this machine, without SSH.
+    local: bool = False
+    timeout: float = connection.DEFAULT_TIMEOUT
     # The inventory's UserKnownHostsFile and GlobalKnownHostsFile, as written (unexpanded); empty: ssh's defaults.
     known_hosts: tuple[str, ...] = ()
     global_known_hosts: tuple[str, ...] = ()
@@ -135,19 +148,7 @@ def tool(name: str) -> str:
     return found
 
 
-def _ssh_option(args: str, option: str) -> str | None:
-    """The value of ``-o option=value`` (or ``-o "option value"``) in ssh arguments; the first wins, as in ssh."""
-    words = shlex.split(args or "")
-    for i, word in enumerate(words):
-        value = None
-        if word == "-o" and i + 1 < len(words):
-            value = words[i + 1]
-        elif word.startswith("-o"):
-            value = word[2:]
-        parts = re.split(r"\s*=\s*|\s+", value.strip(), maxsplit=1) if value else []
-        if len(parts) == 2 and parts[0].lower() == option.lower():
-            return parts[1].strip()
-    return None
+_ssh_option = connection.ssh_option
 
 
 def expand_known_hosts(paths: Iterable[str], host: Host) -> list[Path]:
@@ -257,20 +258,30 @@ def group_members(data: dict[str, Any], group: str, seen: set[str] | None = None
     return out
 
 
-def host_from_vars(name: str, hostvars: dict[str, Any], resolve: Callable[[str], Any] | None = None) -> Host:
-    """A Host from its inventory variables (connection settings as Ansible reads them, templated by ``resolve``)."""
+def host_from_vars(name: str, hostvars: dict[str, Any], resolve: Callable[[str], Any] | None = None,
+                   options: Callable[[Host], dict[str, Any]] | None = None) -> Host:
+    """A Host from its inventory variables, reached as Ansible would reach it: ``options(host)`` gives the
+    settings Ansible resolves for its connection (default: :func:`llamafleet.inventory.connection_options`),
+    completed from the user's ssh config by :func:`llamafleet.connection.settle`."""
     host = Host(name=name, address=name, vars=hostvars, resolve=resolve)
-    ssh_args = " ".join(str(host.var(k, "")) for k in ("ansible_ssh_common_args", "ansible_ssh_extra_args"))
-    strict = (_ssh_option(ssh_args, "StrictHostKeyChecking") or "").lower()
-    host.address = str(host.var("ansible_host", name))
-    host.user = str(host.var("ansible_user", "root"))
-    port = host.var("ansible_port", 22)
+    if options is None:
+        from .inventory import connection_options  # imports ansible: only when an inventory is read
+
+        options = connection_options
+    resolved = options(host)
+    port = resolved.get("port")
+    if port is not None and not str(port).strip().isdigit():
+        raise UserError(f"{name}: ansible_port is {port!r}, not a port number")
     try:
-        host.port = int(port)
-    except (TypeError, ValueError):
-        raise UserError(f"{name}: ansible_port is {port!r}, not a port number") from None
-    key_file = host.var("ansible_ssh_private_key_file")
-    host.key_file = str(key_file) if key_file else None
+        target: Target = connection.settle(name, resolved)
+    except ValueError as exc:
+        raise UserError(f"{name}: {exc}") from None
+    ssh_args = " ".join(str(resolved.get(k) or "") for k in ("ssh_args", "ssh_common_args", "ssh_extra_args"))
+    strict = (_ssh_option(ssh_args, "StrictHostKeyChecking") or "").lower()
+    host.address, host.user, host.port, host.local = target.address, target.user, target.port, target.local
+    host.key_file = target.key_files[0] if target.key_files else None
+    host.more_key_files = target.key_files[1:]
+    host.jumps, host.proxy_command, host.timeout = target.jumps, target.proxy_command, target.timeout
     host.known_hosts = tuple((_ssh_option(ssh_args, "UserKnownHostsFile") or "").split())
     host.global_known_hosts = tuple((_ssh_option(ssh_args, "GlobalKnownHostsFile") or "").split())
     host.strict_off = strict in ("no", "off", "false")
@@ -290,21 +301,52 @@ class _RejectUnknown:
               f"{_fingerprint(key)} NOT checked ({INSECURE_ENV}=1)", file=sys.stderr)
 
 
-def fabric_connection(host: Host, timeout: float = 10.0, insecure: bool | None = None) -> Any:
-    """An open fabric Connection to ``host`` whose host key is in the known_hosts files ssh would read.
+class _Chain:
+    """The connection to a host through its jump hosts: commands go to the last, ``close`` closes them all."""
 
-    Nothing is ever added to a known_hosts file.  ``insecure`` (default: ``LLAMAFLEET_SSH_INSECURE``)
-    accepts any key with a warning.  Raises HostKeyError for an unknown or changed key.
-    """
-    from fabric import Connection  # imported late: the CLI's --help must not need it
-    from paramiko import BadHostKeyException
+    def __init__(self, conns: list[Any]):
+        self.conns = conns
+
+    def __enter__(self) -> Any:
+        return self.conns[-1] if len(self.conns) == 1 else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        return self.conns[-1].run(*args, **kwargs)
+
+    def sudo(self, *args: Any, **kwargs: Any) -> Any:
+        return self.conns[-1].sudo(*args, **kwargs)
+
+    def close(self) -> None:
+        for conn in reversed(self.conns):
+            conn.close()
+
+
+def jump_host(host: Host, hop: Hop) -> Host:
+    """A jump host of ``host`` as a Host: its key checked against ``host``'s known_hosts files and the user's."""
+    return Host(name=f"{host.name}'s jump host {hop.spec}", address=hop.address, user=hop.user, port=hop.port,
+                key_file=hop.key_files[0] if hop.key_files else None, more_key_files=hop.key_files[1:],
+                known_hosts=tuple(dict.fromkeys([*host.known_hosts, *USER_KNOWN_HOSTS])),
+                global_known_hosts=host.global_known_hosts, strict_off=host.strict_off, timeout=host.timeout)
+
+
+def _open_one(host: Host, timeout: float, skip: bool, sock: Any) -> Any:
+    """An open fabric Connection to one hop, over ``sock`` when given; HostKeyError for a wrong key."""
+    from fabric import Config, Connection  # imported late: the CLI's --help must not need them
+    from paramiko import AuthenticationException, BadHostKeyException
 
     connect_kwargs: dict[str, Any] = {"timeout": timeout, "banner_timeout": timeout, "auth_timeout": timeout}
-    if host.key_file:
-        connect_kwargs["key_filename"] = str(host.key_file)
-    conn = Connection(host.address, user=host.user, port=host.port, connect_kwargs=connect_kwargs)
+    keys = [k for k in (host.key_file, *host.more_key_files) if k]
+    if keys:
+        connect_kwargs["key_filename"] = keys
+    if sock is not None:
+        connect_kwargs["sock"] = sock
+    # lazy: fabric reads no ssh config of its own; connection.settle already applied the user's
+    conn = Connection(host.address, user=host.user, port=host.port, connect_kwargs=connect_kwargs, gateway=False,
+                      config=Config(lazy=True))
     files = known_hosts_files(host)
-    skip = insecure_requested(insecure)
     if not skip:
         known = conn.client.get_host_keys()  # checked by paramiko; never saved (no file name is set)
         for path in files:
@@ -316,10 +358,69 @@ def fabric_connection(host: Host, timeout: float = 10.0, insecure: bool | None =
     except BadHostKeyException as exc:
         conn.close()
         raise HostKeyError(changed_key_message(host, exc.key, exc.expected_key, files)) from None
+    except Exception as exc:
+        transport = conn.client.get_transport()
+        # paramiko reports a refused key as the last error it met trying key types: an authentication failure
+        refused = (transport is not None and getattr(transport, "host_key", None) is not None  # keys exchanged
+                   and not transport.is_authenticated())
+        conn.close()
+        if refused and not isinstance(exc, (AuthenticationException, HostKeyError)):
+            raise AuthenticationException(str(exc)) from exc
+        raise
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def _proxy_command(host: Host) -> Any:
+    """paramiko's ProxyCommand for ``host``'s ProxyCommand, its ``%h``/``%p``/``%r`` expanded."""
+    from paramiko import ProxyCommand
+
+    tokens = {"%": "%", "h": host.address, "p": str(host.port), "r": host.user, "n": host.name}
+    return ProxyCommand(re.sub(r"%(.)", lambda m: tokens.get(m.group(1), m.group(0)), host.proxy_command or ""))
+
+
+def fabric_connection(host: Host, timeout: float = 10.0, insecure: bool | None = None) -> Any:
+    """An open connection to ``host`` (fabric, through its jump hosts; or local for ``ansible_connection: local``)
+    whose host keys are in the known_hosts files ssh would read.
+
+    Nothing is ever added to a known_hosts file.  ``insecure`` (default: ``LLAMAFLEET_SSH_INSECURE``)
+    accepts any key with a warning.  Raises HostKeyError for an unknown or changed key, and ConnectError,
+    in words that name the host, when it cannot be reached.
+    """
+    if host.local:
+        return LocalConnection()
+    skip = insecure_requested(insecure)
+    hops = [*(jump_host(host, hop) for hop in host.jumps), host]
+    conns: list[Any] = []
+    sock = _proxy_command(host) if host.proxy_command else None
+    via = ""
+    try:
+        for i, hop in enumerate(hops):
+            try:
+                conns.append(_open_one(hop, timeout, skip, sock))
+            except HostKeyError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - described in words
+                words = describe_error(exc, hop.address, hop.port, hop.user, timeout, via,
+                                       [k for k in (hop.key_file, *hop.more_key_files) if k])
+                raise ConnectError(host.name, words if hop is host else f"jump host {host.jumps[i].spec}: {words}"
+                                   ) from None
+            if i + 1 < len(hops):
+                nxt = hops[i + 1]
+                try:
+                    sock = conns[-1].transport.open_channel("direct-tcpip", (nxt.address, nxt.port), ("", 0),
+                                                            timeout=timeout)
+                except Exception as exc:  # noqa: BLE001 - described in words
+                    raise ConnectError(host.name, describe_error(exc, nxt.address, nxt.port, nxt.user, timeout,
+                                                                 hop.address)) from None
+                via = hop.address
+    except BaseException:
+        for conn in reversed(conns):
+            conn.close()
+        raise
+    return _Chain(conns)
 
 
 def _execute(conn: Any, host: Host, line: str, timeout: float) -> Any:
@@ -415,11 +516,12 @@ class Fleet:
         def one(host: Host) -> RunResult:
             try:
                 line = command(host) if callable(command) else command
-                with self.connect(host, 10.0) as conn:
+                with self.connect(host, host.timeout) as conn:
                     res = _execute(conn, host, line, timeout)
                 return RunResult(host.name, res.exited == 0, res.stdout, res.stderr, res.exited)
-            except Exception as exc:  # noqa: BLE001 - every failure is reported per host
-                return RunResult(host.name, False, error=f"{type(exc).__name__}: {exc}")
+            except Exception as exc:  # noqa: BLE001 - every failure is reported per host, in words
+                return RunResult(host.name, False, error=run_error(exc, host.name, host.address, host.port,
+                                                                   host.user, host.timeout))
 
         if not targets:
             return GroupResult()

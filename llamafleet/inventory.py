@@ -146,3 +146,45 @@ def _resolver(host: str, hostvars: dict[str, Any], templar: Any, error: type) ->
         return done[name]
 
     return resolve
+
+
+# The ssh connection plugin's options that say where and how to connect (its variables, environment and
+# ansible.cfg keys come from the plugin's own documentation, read by Ansible's configuration manager).
+CONNECTION_OPTIONS = ("host", "remote_user", "port", "private_key_file", "ssh_args", "ssh_common_args",
+                      "ssh_extra_args", "timeout")
+
+
+def _ssh_definitions() -> dict[str, Any]:
+    """The ssh connection plugin's option definitions (loading the plugin registers them)."""
+    C = _ansible()[0]
+    from ansible.plugins.loader import connection_loader
+
+    connection_loader.get("ssh", class_only=True)
+    return C.config.get_configuration_definitions("connection", "ssh")
+
+
+def connection_options(host: Any) -> dict[str, Any]:
+    """What Ansible's ssh connection would use for ``host`` (a ``fleet.Host``): each of CONNECTION_OPTIONS
+    resolved by Ansible's configuration manager from the host's variables (templated), the environment
+    (``ANSIBLE_REMOTE_USER``, ...) and ansible.cfg (``[defaults] remote_user``, ``remote_port``,
+    ``private_key_file``, ``timeout``; ``[ssh_connection] ssh_args``, ...), and ``transport``: the host's
+    ``ansible_connection``, else ansible.cfg's ``transport``."""
+    C = _ansible()[0]
+    definitions = _ssh_definitions()
+    names = {entry["name"] for option in CONNECTION_OPTIONS for entry in definitions[option].get("vars") or ()}
+    variables = {name: host.var(name) for name in sorted(names) if host.var(name) is not None}
+    AnsibleError = _ansible()[2]
+    out = {}
+    for option in CONNECTION_OPTIONS:
+        try:
+            out[option] = C.config.get_config_value(option, plugin_type="connection", plugin_name="ssh",
+                                                    variables=variables)
+        except AnsibleError as exc:
+            given = {entry["name"]: variables[entry["name"]] for entry in definitions[option].get("vars") or ()
+                     if entry["name"] in variables}
+            if option == "port" and given:
+                name, value = next(iter(given.items()))
+                raise UserError(f"{host.name}: {name} is {value!r}, not a port number") from None
+            raise UserError(f"{host.name}: Ansible's ssh setting {option} is not valid: {exc}") from None
+    out["transport"] = host.var("ansible_connection") or C.DEFAULT_TRANSPORT
+    return out

@@ -65,6 +65,17 @@ def rpc_endpoints(host: Host) -> list[str]:
     return [f"{address}:{inst.port}" for inst in rpc_instances(host)]
 
 
+def role_name(orchestrator: bool, worker: bool) -> str:
+    """``orchestrator``, ``worker``, both joined by ``+``, or ``-`` for a host with neither role."""
+    roles = [name for name, on in (("orchestrator", orchestrator), ("worker", worker)) if on]
+    return "+".join(roles) or "-"
+
+
+def inventory_role(fleet: Fleet, host: Host) -> str:
+    """``host``'s role as the inventory's groups say (what the status shows when the host cannot be read)."""
+    return role_name(fleet.is_orchestrator(host), fleet.is_worker(host))
+
+
 @dataclass(frozen=True)
 class HostLayout:
     """What the roles installed on one host, as far as the CLI needs to know."""
@@ -91,8 +102,7 @@ class HostLayout:
     @property
     def role(self) -> str:
         """``orchestrator``, ``worker``, both joined by ``+``, or ``-`` for a host with neither role."""
-        roles = [name for name, on in (("orchestrator", self.orchestrator), ("worker", self.worker)) if on]
-        return "+".join(roles) or "-"
+        return role_name(self.orchestrator, self.worker)
 
     @property
     def units(self) -> tuple[str, ...]:

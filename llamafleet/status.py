@@ -39,7 +39,7 @@ from .facts import (
     parse_word,
 )
 from .fleet import Fleet, Host
-from .layout import HostLayout, fleet_layouts
+from .layout import HostLayout, fleet_layouts, inventory_role
 
 # The state of a host in the fleet group that is neither orchestrator nor worker.
 NO_UNIT = "-"
@@ -152,12 +152,13 @@ def overall_state(units: list[dict[str, Any]]) -> str:
     return next((u["state"] for u in units if u["state"] != "active"), "active")
 
 
-def host_row(host: Host, layout: HostLayout | None, facts: HostFacts) -> dict[str, Any]:
-    """The status row of one host from its layout and facts (or the error that stopped reading them)."""
+def host_row(host: Host, layout: HostLayout | None, facts: HostFacts, role: str = "?") -> dict[str, Any]:
+    """The status row of one host from its layout and facts (or the error that stopped reading them);
+    ``role``: the inventory's, shown when there is no layout (the host could not be read)."""
     row: dict[str, Any] = {
         "host": host.name,
         "address": host.cluster_address,
-        "role": layout.role if layout else "?",
+        "role": layout.role if layout else role,
         "unit": ", ".join(layout.units) if layout else "",
     }
     if not facts.ok or layout is None:
@@ -199,7 +200,7 @@ def fleet_status(fleet: Fleet, health_timeout: float = 2.0) -> list[dict[str, An
     rows = []
     for host in hosts:
         facts = found.get(host.name) or HostFacts(host.name, error=errors.get(host.name))
-        row = host_row(host, layouts.get(host.name), facts)
+        row = host_row(host, layouts.get(host.name), facts, inventory_role(fleet, host))
         if facts.ok and layouts[host.name].orchestrator:
             row.update(orchestrator_health(fleet, row["state"], health_timeout, layouts[host.name]))
         rows.append(row)

@@ -69,3 +69,70 @@ def test_each_host_has_a_deployment_record_of_what_its_roles_made(deployed, flee
         rpc = records[worker.name]["sections"]["rpc_server"]
         assert rpc["units"] == [constants.RPC_SERVER_UNIT] and rpc["ports"] == [constants.RPC_SERVER_PORT]
         assert rpc["build_id"] == llama["build_id"] and rpc["cache_dir"].endswith("/cache/rpc")
+
+
+# The CLI reaches the hosts as ansible would (llamafleet/connection.py)
+
+def _cli_with(tmp_path, inventory: str, cfg_extra: str = "", **environ: str):
+    """``llamafleet status --json`` on ``inventory`` (text) under an ansible.cfg that is the project's plus
+    ``cfg_extra`` in [defaults]."""
+    import subprocess
+
+    from tests.helpers import BIN, REPO, env
+
+    (tmp_path / "hosts.ini").write_text(inventory)
+    cfg = (REPO / "ansible.cfg").read_text().replace("[defaults]\n", f"[defaults]\n{cfg_extra}\n", 1)
+    (tmp_path / "ansible.cfg").write_text(cfg)
+    e = dict(env(), ANSIBLE_CONFIG=str(tmp_path / "ansible.cfg"), **environ)
+    return subprocess.run([str(BIN / "llamafleet"), "status", "--json", "-i", str(tmp_path / "hosts.ini")],
+                          cwd=REPO, env=e, capture_output=True, text=True, timeout=300, check=False)
+
+
+def _lab_inventory() -> str:
+    from tests.helpers import INVENTORY
+
+    return INVENTORY.read_text()
+
+
+def test_status_takes_the_user_from_ansible_cfg_remote_user(deployed, fleet, tmp_path):
+    """No ansible_user in the inventory: ansible.cfg's remote_user=root is the user, as for ansible."""
+    text = "\n".join(line for line in _lab_inventory().splitlines() if not line.startswith("ansible_user="))
+    assert "ansible_user" not in text
+    proc = _cli_with(tmp_path / "root", text + "\n", "remote_user = root")
+    rows = {row["host"]: row for row in json.loads(proc.stdout)}
+    assert all(row["state"] == "active" for row in rows.values()), proc.stdout + proc.stderr
+    # without it, the local user named by LOGNAME (never root by default), who has no key on the hosts
+    proc = _cli_with(tmp_path / "local", text + "\n", LOGNAME="llamafleet-nobody", USER="llamafleet-nobody")
+    rows = {row["host"]: row for row in json.loads(proc.stdout)}
+    assert all(row["error"].startswith("authentication failed for user llamafleet-nobody") for row in rows.values()
+               ), proc.stdout
+
+
+def test_status_names_an_unreachable_host_in_words_with_its_inventory_role(deployed, fleet, tmp_path):
+    worker = fleet.workers[-1]
+    text = _lab_inventory().replace("[llamafleet_workers]\n", f"[llamafleet_workers]\nlab9 ansible_host={worker.address} "
+                                    "ansible_port=2\n", 1)
+    rows = {row["host"]: row for row in json.loads(_cli_with(tmp_path, text).stdout)}
+    assert (rows["lab9"]["role"], rows["lab9"]["state"]) == ("worker", "unreachable")
+    assert rows["lab9"]["error"] == f"connection refused on port 2 ({worker.address})"
+
+
+def test_status_reaches_the_workers_through_a_proxyjump(deployed, fleet, tmp_path):
+    """Workers behind ``-J`` the orchestrator (the jump host's user and key from an ssh config given by -F)."""
+    orch = fleet.orchestrator
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(f"Host {orch.address}\n    User root\n    IdentityFile {orch.key_file}\n"
+                          "    IdentitiesOnly yes\n")
+    lines = []
+    for line in _lab_inventory().splitlines():
+        name = line.split(" ", 1)[0]
+        if any(name == w.name for w in fleet.workers):
+            line += f" ansible_ssh_extra_args='-F {ssh_config} -J {orch.address}'"
+        lines.append(line)
+    proc = _cli_with(tmp_path, "\n".join(lines) + "\n")
+    rows = {row["host"]: row for row in json.loads(proc.stdout)}
+    assert all(row["state"] == "active" for row in rows.values()), proc.stdout + proc.stderr
+    # the workers' sshd saw the orchestrator's address, not the controller's
+    for worker in fleet.workers:
+        log = fleet.run_one("journalctl --no-pager -o cat -n 5000 | grep 'Accepted publickey' | tail -n 20", worker)
+        assert f"Accepted publickey for root from {orch.address}" in log, log[-2000:]

@@ -183,7 +183,7 @@ def test_run_collects_failures_per_host(connector):
     fleet = fleet_of({"g": ["up", "down", "bad"]}, connect=connector(answer))
     results = fleet.run("true")
     assert results["up"].ok and results["up"].stdout == "ok\n"
-    assert results["down"] == RunResult("down", False, error="TimeoutError: timed out")
+    assert results["down"] == RunResult("down", False, error="timed out after 10 s (down port 22)")
     assert (results["bad"].ok, results["bad"].exit_code) == (False, 3)
     assert results["bad"].reason == "no such unit"
     assert sorted(results.failed) == ["bad", "down"]
@@ -232,6 +232,7 @@ class SSHServer:
 
         self.host_key, self.client_key, self.sudo_password = host_key, client_key, sudo_password
         self.commands: list[str] = []
+        self.forwarded: list[tuple[str, int]] = []
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.sock.settimeout(0.1)
         self.port = self.sock.getsockname()[1]
@@ -250,7 +251,7 @@ class SSHServer:
 
     def session(self, client: socket.socket) -> None:
         paramiko, server = self.paramiko, self
-        exec_event, requested = threading.Event(), []
+        exec_event, requested, forwards = threading.Event(), [], {}
 
         class Interface(paramiko.ServerInterface):
             def get_allowed_auths(self, username):
@@ -262,6 +263,11 @@ class SSHServer:
             def check_channel_request(self, kind, chanid):
                 return paramiko.OPEN_SUCCEEDED if kind == "session" else paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
 
+            def check_channel_direct_tcpip_request(self, chanid, origin, destination):
+                forwards[chanid] = destination  # a jump host's forward (ssh -J)
+                server.forwarded.append(destination)
+                return paramiko.OPEN_SUCCEEDED
+
             def check_channel_exec_request(self, channel, command):
                 requested.append(command.decode())
                 exec_event.set()
@@ -272,6 +278,9 @@ class SSHServer:
         try:
             transport.start_server(server=Interface())
             channel = transport.accept(5)
+            if channel is not None and channel.get_id() in forwards:
+                self.relay(channel, forwards[channel.get_id()])
+                return
             if channel is None or not exec_event.wait(5):
                 return
             self.commands.append(requested[0])
@@ -285,6 +294,27 @@ class SSHServer:
         finally:
             time.sleep(0.05)
             transport.close()
+
+    @staticmethod
+    def relay(channel, destination) -> None:
+        """Copy bytes both ways between a direct-tcpip channel and a TCP connection to ``destination``."""
+        upstream = socket.create_connection(destination, timeout=5)
+
+        def pump(read, write):
+            try:
+                while True:
+                    data = read(65536)
+                    if not data:
+                        break
+                    write(data)
+            except OSError:
+                pass
+
+        back = threading.Thread(target=pump, args=(upstream.recv, channel.sendall), daemon=True)
+        back.start()
+        pump(channel.recv, upstream.sendall)
+        back.join(5)
+        upstream.close()
 
     def answer(self, channel, command: str) -> tuple[int, str, str]:
         argv = shlex.split(command)
@@ -366,7 +396,7 @@ def test_an_unknown_host_key_is_refused_and_the_message_says_what_to_do(ssh, key
     s = ssh(lambda port: [entry("127.0.0.1", keys.host), entry(f"[127.0.0.1]:{port + 1}", keys.host)])
     res = s.fleet.run("echo ok", timeout=10)["h"]
     port = s.server.port
-    assert not res.ok and res.error.startswith(f"HostKeyError: h (127.0.0.1 port {port}): unknown SSH host key "
+    assert not res.ok and res.error.startswith(f"h (127.0.0.1 port {port}): unknown SSH host key "
                                                f"{keys.host.get_name()} {keys.host.fingerprint}; ")
     assert f"known_hosts files read: {s.known}, /etc/ssh/ssh_known_hosts" in res.error
     assert f"ssh-keyscan -p {port} 127.0.0.1 >> ~/.ssh/known_hosts" in res.error
@@ -426,3 +456,44 @@ def test_become_from_the_inventory_runs_commands_through_sudo(ssh, keys, hostvar
         assert res.ok and res.stdout.strip().isdigit()
     else:
         assert not res.ok and outcome in res.error
+
+
+# Reached as ansible would: through a jump host, and in words when it cannot be
+
+def test_a_host_behind_a_jump_host_from_the_ssh_arguments_and_the_ssh_config(ssh, keys, closing, tmp_path):
+    """-J jumpbox: ``jumpbox`` is an ssh config alias (its address, port, user and key); the jump host forwards."""
+    jump = closing(SSHServer(keys.host, keys.client))
+    (tmp_path / "home" / ".ssh").mkdir(parents=True)
+    (tmp_path / "home" / ".ssh" / "config").write_text(
+        f"Host jumpbox\n    HostName 127.0.0.1\n    Port {jump.port}\n    User root\n"
+        f"    IdentityFile {keys.client_file}\n")
+    s = ssh(lambda port: [entry(f"[127.0.0.1]:{port}", keys.host), entry(f"[127.0.0.1]:{jump.port}", keys.host)],
+            ansible_ssh_common_args=f"-o UserKnownHostsFile={tmp_path / 'known_hosts'} -J jumpbox")
+    host = s.fleet.hosts["h"]
+    assert [(j.spec, j.address, j.port, j.user) for j in host.jumps] == [("jumpbox", "127.0.0.1", jump.port, "root")]
+    res = s.fleet.run("echo via", timeout=10)["h"]
+    assert (res.ok, res.stdout) == (True, "via\n"), res.error
+    assert jump.forwarded == [("127.0.0.1", s.server.port)] and jump.commands == []
+    assert s.server.commands == ["echo via"]
+
+
+def test_a_jump_host_that_is_down_is_named(ssh, keys):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    s = ssh(lambda port: [entry(f"[127.0.0.1]:{port}", keys.host)],
+            ansible_ssh_common_args=f"-J root@127.0.0.1:{closed}")
+    res = s.fleet.run("echo ok", timeout=10)["h"]
+    assert res.error == f"jump host 127.0.0.1: connection refused on port {closed} (127.0.0.1)"
+    assert s.server.commands == []
+
+
+def test_a_refused_key_is_an_authentication_failure_for_the_user(ssh, keys, tmp_path):
+    import paramiko
+
+    other = tmp_path / "id_other"
+    paramiko.ECDSAKey.generate().write_private_key_file(str(other))
+    s = ssh(lambda port: [entry(f"[127.0.0.1]:{port}", keys.host)], user="deploy",
+            ansible_ssh_private_key_file=str(other))
+    res = s.fleet.run("echo ok", timeout=10)["h"]
+    assert res.error == f"authentication failed for user deploy (127.0.0.1 port {s.server.port}; key files: {other})"

@@ -144,7 +144,7 @@ def test_logs_of_a_worker_and_of_an_unknown_host(machine_fleet, use_fleet, capsy
     assert main(["logs", "no-such-host"]) == 2
     assert "no-such-host is not in" in capsys.readouterr().err
     assert main(["logs", "lab4"]) == 2
-    assert "lab4: TimeoutError: timed out" in capsys.readouterr().err  # its deployment record could not be read
+    assert "lab4: timed out after 10 s (lab4 port 22)" in capsys.readouterr().err  # its deployment record could not be read
 
 
 def test_probe_lines_read_as_the_e2e_test_reads_them(machine_fleet, use_fleet, capsys, tmp_path, monkeypatch):

@@ -146,7 +146,7 @@ def _unreachable(host, command):
 
 @pytest.mark.parametrize(
     ("answer", "message"),
-    [(_unreachable, "TimeoutError: timed out"),
+    [(_unreachable, r"timed out after 10 s \(lab1 port 22\)$"),
      (lambda host, command: (0, '{"schema": 99, "sections": {}}', ""), "written by a newer llamafleet"),
      (lambda host, command: (0, "{not json", ""), "is not JSON"),
      (lambda host, command: (1, "", "cat: Permission denied"), "cat: Permission denied")],

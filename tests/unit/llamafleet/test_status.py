@@ -286,6 +286,7 @@ def test_fleet_status_reads_every_host_record_then_its_facts(machine_fleet):
     assert (lab3["state"], lab3["restarts"], lab3["cache_files"]) == ("activating", 3, 1)
     assert [u["state"] for u in lab3["units"]] == ["active", "activating"]
     assert rows["lab4"]["state"] == "unreachable" and "timed out" in rows["lab4"]["error"]
+    assert rows["lab4"]["role"] == "worker"  # from the inventory groups, though the host could not be read
     assert [is_bad(rows[h]) for h in rows] == [False, False, True, True]
     # one session for the deployment records, one for the facts (none for lab4, whose record could not be read)
     assert sorted(h for h, _ in machine_fleet.connector.calls) == ["lab1", "lab1", "lab2", "lab2", "lab3", "lab3",
