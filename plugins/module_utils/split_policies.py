@@ -214,6 +214,21 @@ def estimate_ms(devices: Sequence[Mapping[str, Any]], counts: Sequence[int],
             "total_ms": round(compute + rtt, 3)}
 
 
+def shortfall(devices: Sequence[Mapping[str, Any]], sizing: Mapping[str, Any]) -> str:
+    """What each device has and what else would make the model fit, for the refusals below."""
+    kv = sum(sizing["kv"])
+    parts = ["%s %s %d MiB usable (%d MiB compute margin)" % (
+        dev["name"], "host %s" % dev["host"], dev["usable_mib"], dev["compute_mib"]) for dev in devices]
+    text = "; per device: %s" % ", ".join(parts)
+    text += ("; or shrink the KV cache (%.0f MiB now: a quantized one, llama_server_cache_type q8_0, about halves it; "
+             "fewer slots, llama_server_parallel, where each slot holds its own cache), lower the compute margin "
+             "(llama_server_compute_margin_mib), or give a host more memory (its cgroup or MemoryMax, "
+             "rpc_server_memory_max_mib, or a smaller reserve)" % (kv / MIB))
+    if all(dev["backend"] == "cpu" and not dev.get("cpu") for dev in devices):
+        text += "; on a CPU fleet the orchestrator's RAM can hold layers (llama_server_cpu_layers auto)"
+    return text
+
+
 def check_total(devices: Sequence[Mapping[str, Any]], sizing: Mapping[str, Any], ctx: int) -> None:
     """PlanError when the model at this context needs more than all the devices have."""
     compute = sum(dev["compute_mib"] for dev in devices) * MIB
@@ -222,9 +237,10 @@ def check_total(devices: Sequence[Mapping[str, Any]], sizing: Mapping[str, Any],
     if need > have:
         weights = sum(sizing["layer_bytes"]) + sizing["output_bytes"]
         raise PlanError("the model at ctx_size %d needs %.1f GiB (weights %.1f, KV %.1f, compute %.1f), the "
-                        "fleet has %.1f GiB free on %d devices: add hosts or lower ctx_size (llama_server_ctx_size)"
+                        "fleet has %.1f GiB free on %d devices, %.0f MiB short: add hosts or lower ctx_size "
+                        "(llama_server_ctx_size)%s"
                         % (ctx, need / GIB, weights / GIB, sum(sizing["kv"]) / GIB, compute / GIB, have / GIB,
-                           len(devices)))
+                           len(devices), (need - have) / MIB, shortfall(devices, sizing)))
 
 
 def _does_not_pack(devices: Sequence[Mapping[str, Any]], sizing: Mapping[str, Any], ctx: int) -> PlanError:
@@ -233,8 +249,9 @@ def _does_not_pack(devices: Sequence[Mapping[str, Any]], sizing: Mapping[str, An
     have = sum(dev["usable_mib"] for dev in devices) * MIB
     return PlanError("the model at ctx_size %d needs %.1f GiB and the fleet has %.1f GiB free, but its layers (up "
                      "to %.0f MiB each, the output layer %.0f MiB on the last device) do not pack into the devices "
-                     "in llama.cpp's order (%s): add hosts or lower ctx_size (llama_server_ctx_size)"
-                     % (ctx, need / GIB, have / GIB, max(costs) / MIB, costs[-1] / MIB, describe_devices(devices)))
+                     "in llama.cpp's order (%s): add hosts or lower ctx_size (llama_server_ctx_size)%s"
+                     % (ctx, need / GIB, have / GIB, max(costs) / MIB, costs[-1] / MIB, describe_devices(devices),
+                        shortfall(devices, sizing)))
 
 
 def _by_memory(policy: str, devices: Sequence[Mapping[str, Any]], sizing: Mapping[str, Any],
@@ -265,7 +282,7 @@ def choose_split(policy: str, devices: Sequence[Mapping[str, Any]], sizing: Mapp
     result: dict[str, Any] = {"policy": policy, "requested": policy, "estimates": {}, "reason": ""}
     if tensor_split is not None:
         counts = manual_counts(tensor_split, devices, sizing["n_layer"])
-        check_counts_fit(devices, counts, costs, "tensor_split",
+        check_counts_fit(devices, counts, costs, "tensor_split (llama_server_tensor_split)",
                          "lower its value, or leave tensor_split unset to let the planner split by memory")
         result.update(policy="manual", counts=counts, reason="tensor_split given: %s -> units %s"
                       % (list(tensor_split), counts))

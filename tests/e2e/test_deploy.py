@@ -176,11 +176,26 @@ BAD_INPUT = [
     pytest.param(["-e", "llamafleet_cluster_address=10.77.0.99"],
                  "lab2: rpc_server_bind_address=10.77.0.99 is not an address of this host (its addresses: ",
                  id="address-not-on-host"),
-    # rpc_plan in the llama_server role's configure step, after roles that change nothing on a converged lab
+    # the rpc_server role's preflight (module gpu_facts, module_utils/gpu_memory.py): the host's memory is the tighter
+    # of MemTotal and the cgroup limits above the unit (the lab host's own limit, when lab up gave it one)
+    pytest.param(["-e", "rpc_server_memory_max_mib=100000000"],
+                 ("lab2: rpc_server_memory_max_mib is 100000000 MiB, above this host's memory: ",
+                  "lab3: rpc_server_memory_max_mib is 100000000 MiB"),
+                 id="memory-cap-above-host"),
+    # an inventory figure that claims more than the host's cgroup (or MemTotal) allows
+    pytest.param(["-e", '{"rpc_server_device_overrides": [{"match": "cpu", "free_mib": 100000000}]}'],
+                 "lab2: rpc_server_device_overrides[0].free_mib is 100000000 MiB, more than this host can give a "
+                 "service: ", id="memory-claim-above-cgroup"),
+    # rpc_plan in the llama_server role's configure step, after roles that change nothing on a converged lab: each
+    # device with its memory (the orchestrator's CPU among them on the CPU lab), and what to change
     pytest.param(["-e", "llama_server_ctx_size=100000000"],
                  ("lab1: the model at ctx_size 100000000 needs ",
-                  "add hosts or lower ctx_size (llama_server_ctx_size)"),
+                  "add hosts or lower ctx_size (llama_server_ctx_size); per device: ",
+                  " host lab2 ", " host lab3 ", "llama_server_cache_type q8_0"),
                  id="context-too-large"),
+    pytest.param(["-e", "llama_server_cpu_layers=many"],
+                 ("lab1: check llama_server_port", "llama_server_cpu_layers (many: auto or a number of layers)"),
+                 id="cpu-layers-not-a-number"),
 ]
 
 

@@ -138,3 +138,18 @@ def test_auto_stays_off_for_even_fit_and_a_manual_split() -> None:
     for options in ({"policy": "even"}, {"policy": "fit"}, {"tensor_split": [1, 1]}):
         plan = plan_split(workers, orchestrator, model(n_layer=16), ctx_size=2048, cpu_layers="auto", **options)
         assert plan["cpu_layers"] == 0, options
+
+
+def test_a_model_that_fits_nowhere_is_refused_with_each_device_and_what_to_change() -> None:
+    workers, orchestrator = cpu_fleet(free=1000, orchestrator_free=1000)
+    facts = model(n_layer=32, layer_mib=200, output_mib=130, embd_mib=130)
+    with pytest.raises(PlanError) as err:
+        plan_split(workers, orchestrator, facts, ctx_size=2048, compute_mib=256, cpu_layers=0)
+    message = str(err.value)
+    assert "per device: RPC0 host w2 1000 MiB usable (256 MiB compute margin), RPC1 host w3 1000 MiB usable" in message
+    assert "llama_server_cache_type q8_0" in message and "llama_server_cpu_layers auto" in message
+    with pytest.raises(PlanError) as err:
+        plan_split(workers, orchestrator, facts, ctx_size=2048, compute_mib=256, cpu_layers="auto")
+    message = str(err.value)
+    assert "CPU host w1 870 MiB usable (256 MiB compute margin)" in message  # after the 130 MiB input embedding
+    assert "llama_server_cpu_layers auto" not in message

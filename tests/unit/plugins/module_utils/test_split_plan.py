@@ -462,8 +462,11 @@ def test_fleet_too_small() -> None:
                    ctx_size=8192)
     message = str(err.value)
     assert "at ctx_size 8192 needs 67.0 GiB (weights 63.5, KV 2.5, compute 1.0)" in message
-    assert "the fleet has 36.0 GiB free on 2 devices" in message
-    assert message.endswith("add hosts or lower ctx_size (llama_server_ctx_size)")
+    assert "the fleet has 36.0 GiB free on 2 devices, 31720 MiB short: add hosts or lower ctx_size " \
+           "(llama_server_ctx_size); per device: RPC0 host w1 " in message
+    assert "or shrink the KV cache (2560 MiB now: a quantized one, llama_server_cache_type q8_0, about halves it" \
+        in message
+    assert "llama_server_cpu_layers" not in message  # GPUs: the orchestrator's CPU is no remedy
 
 
 def test_context_alone_can_make_it_too_small() -> None:
