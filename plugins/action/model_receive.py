@@ -43,6 +43,9 @@ class ActionModule(ActionBase):
         host = task_vars.get("inventory_hostname", "")
         delegated = self._task.delegate_to or host
         src = os.path.expanduser(args["src"])
+        if not os.path.isfile(src) and self._task.check_mode:
+            result.update(changed=True, msg="%s would be copied once the controller has fetched it" % src)
+            return result
         if not os.path.isfile(src):
             raise AnsibleActionFail("%s: %s is not on the controller: run the model role first" % (delegated, src))
         size = os.path.getsize(src)

@@ -55,6 +55,9 @@ class ActionModule(ActionBase):
         unset = [name for name in SHARE_REQUIRED if args.get(name) is None]
         if unset:
             raise AnsibleActionFail("missing required arguments: %s" % ", ".join(unset))
+        if self._task.check_mode and not all(os.path.isfile(os.path.expanduser(p)) for p in args["model"]):
+            result.update(changed=True, msg="the share is sent once the controller has fetched the model")
+            return result
         try:
             share = self._share(args)
             result.update(self._act(args, share, task_vars))
