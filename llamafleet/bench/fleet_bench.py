@@ -7,6 +7,9 @@ playbooks/bench.yml (role llamafleet.cluster.bench) calls, with the Python that
 runs ansible-playbook, each of these subcommands, which read one JSON object on
 standard input and print one JSON object:
 
+- ``needs``: nothing -> ``missing``, what the controller lacks of the ``llamafleet[bench]`` extra
+  (matplotlib for the plots, ...), and ``message``, the pip command that installs it; bench.yml asserts
+  it first, before anything touches the cluster.
 - ``validate``: the bench_* variables and the inventory's worker names -> the
   run folder (created) and the matrix's points, or the errors, each naming
   its variable. Nothing on the fleet is touched before this passes.
@@ -138,6 +141,63 @@ def check_results_dir(path: str) -> str | None:
     except OSError as exc:
         return "%s cannot be written: %s" % (path, exc.strerror or exc)
     return None
+
+
+# The extra that holds what bench.yml needs on the controller (pyproject.toml's optional dependencies).
+BENCH_EXTRA = "bench"
+
+
+def extra_requirements(extra: str = BENCH_EXTRA) -> list[str]:
+    """The requirements of llamafleet's ``extra`` as installed (its metadata), else as a checkout's
+    pyproject.toml declares them."""
+    from importlib import metadata
+
+    try:
+        declared = metadata.requires("llamafleet") or []
+    except metadata.PackageNotFoundError:
+        declared = []
+    marker = re.compile(r";\s*extra\s*==\s*[\"']%s[\"']\s*$" % re.escape(extra))
+    found = [marker.sub("", r).strip() for r in declared if marker.search(r)]
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    if not found and pyproject.is_file():
+        import tomllib
+
+        found = list(tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["optional-dependencies"][extra])
+    return found
+
+
+def controller_needs(requirements: list[str] | None = None) -> dict[str, Any]:
+    """What the controller lacks of ``requirements`` (default: the bench extra's): ``missing`` (each a
+    requirement with what is installed, if anything) and ``message`` (what to install, with which pip)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    missing = []
+    for text in extra_requirements() if requirements is None else requirements:
+        req = Requirement(text)
+        try:
+            have = metadata.version(req.name)
+        except metadata.PackageNotFoundError:
+            missing.append(f"{req} (not installed)")
+            continue
+        if req.specifier and not req.specifier.contains(have, prereleases=True):
+            missing.append(f"{req} ({have} installed)")
+    message = ""
+    if missing:
+        message = (f"bench.yml needs on the controller: {', '.join(missing)}; install llamafleet's bench extra into "
+                   f"the Python that runs ansible-playbook: {sys.executable} -m pip install 'llamafleet[{BENCH_EXTRA}]'"
+                   " (from a checkout: pip install '.[bench]'); nothing on the cluster was touched")
+    return {"missing": missing, "message": message}
+
+
+def api_key(data: dict[str, Any]) -> str:
+    """The API key of a ``measure`` step: read from ``api_key_file`` (a 0600 file the playbook wrote on the
+    controller, so that the key is never on a command line), else ``LLAMAFLEET_API_KEY``, else none."""
+    path = data.get("api_key_file")
+    if path:
+        return Path(str(path)).read_text(encoding="utf-8").strip()
+    return os.environ.get("LLAMAFLEET_API_KEY", "")
 
 
 def validate(settings: dict[str, Any]) -> dict[str, Any]:
@@ -319,10 +379,10 @@ def run_measure(data: dict[str, Any]) -> dict[str, Any]:
     point.hops = rpc_hops(data.get("plan") or {})
     point.plan_policy = str((data.get("plan") or {}).get("policy") or "")
     point.build_id = str(data.get("build_id") or "")
-    api_key = os.environ.get("LLAMAFLEET_API_KEY", "")
+    key = api_key(data)
 
     def one(n_predict: int) -> measure.StreamResult:
-        return measure.stream_completion(data["url"], n_predict=n_predict, api_key=api_key,
+        return measure.stream_completion(data["url"], n_predict=n_predict, api_key=key,
                                          timeout=float(data.get("timeout", 300)))
 
     results = [one(int(data["n_predict"])) for _ in range(int(data["repetitions"]))]
@@ -369,7 +429,7 @@ def run_report(data: dict[str, Any]) -> dict[str, Any]:
             "elapsed": _duration(elapsed(run_dir))}
 
 
-COMMANDS = {"validate": validate, "measure": run_measure, "record": run_record, "report": run_report}
+COMMANDS = {"needs": lambda data: controller_needs(), "validate": validate, "measure": run_measure, "record": run_record, "report": run_report}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from llamafleet.cluster import Endpoint
+from llamafleet.core import constants
 from llamafleet.bench.report import PLOTS
 from tests.e2e.quiet import quiet
 from tests.helpers import INVENTORY, playbook
@@ -60,17 +64,63 @@ def test_an_inventory_that_is_not_the_lab_is_refused(quiet_runs) -> None:
     assert run.rc != 0 and "bench_confirm_disruption" in run.output, run.output[-3000:]
 
 
+class CommandLines(threading.Thread):
+    """Reads every process's command line on the controller (``/proc/*/cmdline``, what ``ps`` shows any local
+    user) every 20 ms until stopped: ``hits`` holds those that contain ``secret``, ``seen`` how many lines
+    held each of ``watch`` (to prove the watch saw the steps that use the key)."""
+
+    def __init__(self, secret: str, watch: tuple[str, ...]):
+        super().__init__(daemon=True)
+        self.secret, self.watch = secret, watch
+        self.hits: list[str] = []
+        self.seen = dict.fromkeys(watch, 0)
+        self.samples = 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            for path in Path("/proc").glob("[0-9]*/cmdline"):
+                try:
+                    line = path.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                except OSError:
+                    continue
+                if self.secret in line:
+                    self.hits.append(line.replace(self.secret, "<KEY>"))
+                for word in self.watch:
+                    self.seen[word] += word in line
+            self.samples += 1
+            time.sleep(0.02)
+
+
 @pytest.fixture(scope="module")
-def bench_run(deployed, tmp_path_factory):
+def bench_run(deployed, fleet, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    run = playbook("bench.yml", "-e", json.dumps({**SMALL, "bench_results_dir": str(out)}), timeout=900)
+    key = fleet.run_one(f"cat {constants.API_KEY_PATH}", fleet.orchestrator).strip()
+    assert len(key) >= 16
+    watch = CommandLines(key, ("fleet_bench measure",))
+    watch.start()
+    try:
+        run = playbook("bench.yml", "-e", json.dumps({**SMALL, "bench_results_dir": str(out)}), timeout=900)
+    finally:
+        watch.done.set()
+        watch.join(5)
     assert run.rc == 0, run.output[-8000:]
     (folder,) = [p for p in out.iterdir() if p.is_dir()]
-    return run, folder
+    return run, folder, watch
+
+
+def test_the_key_is_never_on_a_command_line_while_bench_runs(bench_run) -> None:
+    """The controller's process table, read all along the run: the key in no command line, though the watch saw
+    the measurements (which send it) run; and the controller's key file is gone at the end."""
+    _run, _folder, watch = bench_run
+    assert watch.seen["fleet_bench measure"] > 0 and watch.samples > 100, (watch.seen, watch.samples)
+    assert watch.hits == [], watch.hits[:3]
+    for folder in {Path(tempfile.gettempdir()), Path("/tmp")}:
+        assert not list(folder.glob("llamafleet-bench-key.*")), folder
 
 
 def test_every_report_file_is_written(bench_run) -> None:
-    run, folder = bench_run
+    run, folder, _watch = bench_run
     for name in ("results.json", "points.csv", "sweep.csv", "report.md", *PLOTS):
         assert (folder / name).stat().st_size > 0, name
     points = json.loads((folder / "results.json").read_text())["points"]
@@ -88,7 +138,7 @@ def test_every_report_file_is_written(bench_run) -> None:
 
 
 def test_auto_uses_fewer_hops_only_where_the_round_trip_makes_it_pay(bench_run) -> None:
-    _, folder = bench_run
+    _, folder, _watch = bench_run
     points = json.loads((folder / "results.json").read_text())["points"]
     chosen = {(p["nodes"], p["latency_ms"]): (p["plan_policy"], p["hops"]) for p in points}
     # the lab's own round trip (well under 1 ms) keeps the spread; 2 x 20 ms per hop does not pay on equal workers
@@ -97,7 +147,7 @@ def test_auto_uses_fewer_hops_only_where_the_round_trip_makes_it_pay(bench_run) 
 
 
 def test_injected_latency_lowers_tok_s(bench_run) -> None:
-    _, folder = bench_run
+    _, folder, _watch = bench_run
     points = json.loads((folder / "results.json").read_text())["points"]
     for nodes in (1, 2):
         by_latency = sorted((p["latency_ms"], p["repetitions"][0]["tok_s"]) for p in points if p["nodes"] == nodes)

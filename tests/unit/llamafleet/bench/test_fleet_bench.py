@@ -268,3 +268,36 @@ def test_cli_passes_no_inventory_when_none_is_given_and_the_vault_files(tmp_path
 
     cmd = cli.fleet_command(None, str(tmp_path), [], ["/secret/vault-pass"])
     assert "-i" not in cmd and cmd[1:3] == ["--vault-password-file=/secret/vault-pass", cli.PLAYBOOK]
+
+
+# What bench.yml checks on the controller first, and the key it measures with (from a file, never an argument)
+
+def test_the_bench_extra_is_read_from_the_package_metadata() -> None:
+    names = [r.split(">")[0].split("=")[0].split("<")[0].strip() for r in fleet_bench.extra_requirements()]
+    assert "matplotlib" in names
+    pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    assert all(f'"{name}' in pyproject.split("[project.optional-dependencies]")[1].split("\n\n")[0] for name in names)
+
+
+def test_the_controller_needs_name_what_is_missing_and_the_pip_extra() -> None:
+    assert fleet_bench.controller_needs() == {"missing": [], "message": ""}  # this environment has the extra
+    found = fleet_bench.controller_needs(["matplotlib>=3.8", "llamafleet-no-such-dist>=1", "numpy>=999"])
+    assert found["missing"][0] == "llamafleet-no-such-dist>=1 (not installed)"
+    assert found["missing"][1].startswith("numpy>=999 (") and found["missing"][1].endswith(" installed)")
+    assert len(found["missing"]) == 2
+    assert "pip install 'llamafleet[bench]'" in found["message"] and "nothing on the cluster" in found["message"]
+
+
+def test_a_point_sends_the_key_read_from_its_key_file(tmp_path: Path, sse_server, monkeypatch) -> None:
+    monkeypatch.delenv("LLAMAFLEET_API_KEY", raising=False)
+    run = _run(tmp_path)
+    key_file = tmp_path / "key"
+    key_file.write_text("sk-from-the-file-0123456789\n")
+    key_file.chmod(0o600)
+    server = sse_server(body=(SSE / COMPLETION).read_text(encoding="utf-8"), gap=0.001,
+                        api_key="sk-from-the-file-0123456789")
+    summary = fleet_bench.run_measure({"run_dir": run["run_dir"], "total": 4, "point": run["points"][0],
+                                       "url": server.url, "repetitions": 1, "n_predict": 4, "concurrency": [],
+                                       "api_key_file": str(key_file)})
+    assert summary["status"] == "ok"
+    assert server.requests[0][1]["Authorization"] == "Bearer sk-from-the-file-0123456789"
