@@ -87,7 +87,8 @@ def test_switching_to_one_rpc_server_per_device_and_back_leaves_no_stale_unit(de
 
 def test_a_model_change_can_prune_the_other_models(deployed, fleet):
     model_dir = constants.MODEL_DIR
-    worker = fleet.workers[0]
+    # the orchestrator keeps the whole model (workers keep only their share, model_worker_copy: share)
+    worker = fleet.orchestrator
     fleet.run_one(f"mkdir -p {model_dir}/old-model && head -c 1000 /dev/zero > {model_dir}/old-model/old.gguf", worker)
     kept = playbook("deploy.yml", "--tags", "model", timeout=1800)
     assert kept.rc == 0 and kept.changed == 0, kept.recap  # not asked: the other model stays
