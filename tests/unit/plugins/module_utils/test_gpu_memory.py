@@ -91,8 +91,8 @@ def test_systemd_root_and_ancestors() -> None:
     assert systemd_root("/init.scope") == "/"
     assert systemd_root("/machine.slice/machine-lab2.scope/init.scope") == "/machine.slice/machine-lab2.scope"
     assert systemd_root("/") == "/"
-    assert ancestors("/machine.slice/lab2/system.slice") == ["/machine.slice/lab2/system.slice", "/machine.slice/lab2",
-                                                            "/machine.slice", "/"]
+    chain = ["/machine.slice/lab2/system.slice", "/machine.slice/lab2", "/machine.slice", "/"]
+    assert ancestors("/machine.slice/lab2/system.slice") == chain
     assert ancestors("/") == ["/"]
 
 
