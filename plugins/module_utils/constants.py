@@ -94,6 +94,9 @@ CONFIG_DIR = "/etc/llamafleet"
 PLAN_PATH = CONFIG_DIR + "/plan.json"
 # llama-server's API key (given or generated on the first deploy), service user 0600.
 API_KEY_PATH = CONFIG_DIR + "/llama-server.key"
+# The chat template file shipped from the controller (llama_server_chat_template_file), llama-server's
+# --chat-template-file.
+CHAT_TEMPLATE_PATH = CONFIG_DIR + "/chat-template.jinja"
 # The deployment record (module_utils/deployment_record.py): what the roles made on this host (units, ports,
 # paths, users, build, plan, endpoint), versioned JSON; the CLI, bench and teardown read it instead of constants.
 DEPLOYMENT_RECORD_PATH = CONFIG_DIR + "/deployment.json"

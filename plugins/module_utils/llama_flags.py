@@ -42,6 +42,11 @@ SERVER_FEATURES: dict[str, tuple[str, ...]] = {
     "kv_unified": ("-kvu", "--kv-unified"),
     "no_kv_unified": ("-no-kvu", "--no-kv-unified"),
     "chat_template": ("--chat-template",),
+    "chat_template_file": ("--chat-template-file",),
+    # Builds from late 2025 use Jinja by default and have --no-jinja; older ones need --jinja to use it.
+    "jinja": ("--jinja",),
+    "no_jinja": ("--no-jinja",),
+    "alias": ("-a", "--alias"),
     "cache_type_k": ("-ctk", "--cache-type-k"),
     "cache_type_v": ("-ctv", "--cache-type-v"),
     "host": ("--host",),
@@ -262,13 +267,51 @@ def kv_unified_args(kv_unified: bool | None, slots: int, features: Mapping[str, 
     return ["--no-kv-unified"] if features.get("no_kv_unified") else []
 
 
+def chat_template_args(template: str | None, jinja: bool | None, template_file: str | None,
+                       features: Mapping[str, bool], name: str = "llama-server") -> list[str]:
+    """llama-server's chat template flags on this build.
+
+    ``jinja`` True renders ``--jinja`` (Jinja templates: the model's own, or ``template_file``); False renders
+    ``--no-jinja`` where the build has it (older builds do without Jinja unless told), None leaves the build's
+    default. ``template`` is a built-in template's name (``--chat-template``), ``template_file`` a Jinja
+    template file (``--chat-template-file``, which needs Jinja); at most one of them.
+    """
+    if template and template_file:
+        raise FlagError("llama_server_chat_template (%s) and llama_server_chat_template_file (%s) both name a "
+                        "template: set one of them" % (template, template_file))
+    if template_file and jinja is False:
+        raise FlagError("llama_server_chat_template_file (%s) is a Jinja template, and llama_server_jinja is false: "
+                        "set llama_server_jinja true, or name a built-in template in llama_server_chat_template"
+                        % template_file)
+    argv: list[str] = []
+    if jinja:
+        _need(features, "jinja", "Jinja chat templates (llama_server_jinja)", name)
+        argv.append("--jinja")
+    elif jinja is False and features.get("no_jinja"):
+        argv.append("--no-jinja")
+    return argv + _valued_flags(features, name, ("chat_template", "--chat-template", template, "the chat template"),
+                                ("chat_template_file", "--chat-template-file", template_file,
+                                 "a chat template file (llama_server_chat_template_file)"))
+
+
+def _valued_flags(features: Mapping[str, bool], name: str, *items: tuple[str, str, Any, str]) -> list[str]:
+    """``[flag, value]`` for each ``(feature, flag, value, what)`` whose value is set, the build checked for it."""
+    argv: list[str] = []
+    for feature, flag, value, what in items:
+        if value:
+            _need(features, feature, what, name)
+            argv += [flag, str(value)]
+    return argv
+
+
 def render_llama_server_argv(binary: str, plan: Mapping[str, Any], features: Mapping[str, bool],
                              model_path: str | Sequence[str], host: str = "127.0.0.1", port: int = 8080,
                              ctx_size: int | None = None, n_parallel: int | None = None,
                              metrics: bool = False, api_key_file: str | None = None,
                              chat_template: str | None = None, load_mode: str | None = None,
                              pin_devices: bool = False, log_verbosity: int | None = None,
-                             extra_args: Sequence[str] = ()) -> list[str]:
+                             extra_args: Sequence[str] = (), alias: str | None = None,
+                             jinja: bool | None = None, chat_template_file: str | None = None) -> list[str]:
     """argv for the orchestrator's llama-server running ``plan`` (from :func:`split_plan.plan_split`).
 
     Renders ``-m``, ``--rpc`` (before ``--device``, which names RPC devices
@@ -282,7 +325,9 @@ def render_llama_server_argv(binary: str, plan: Mapping[str, Any], features: Map
     ``--device`` lists the plan's devices so the order cannot drift (only use
     it when the local device names in the plan match the build's backend).
     ``log_verbosity`` renders ``-lv N`` (4 shows the devices and buffer sizes,
-    5 also the layer each device holds; see log_parse).
+    5 also the layer each device holds; see log_parse). ``alias`` renders
+    ``--alias`` (the model's id in ``/v1/models``, which clients may send);
+    ``jinja`` and ``chat_template_file`` as :func:`chat_template_args` says.
     """
     name = binary.rsplit("/", 1)[-1]
     model = model_path if isinstance(model_path, str) else model_path[0]
@@ -322,12 +367,9 @@ def render_llama_server_argv(binary: str, plan: Mapping[str, Any], features: Map
     if metrics:
         _need(features, "metrics", "the metrics endpoint", name)
         argv.append("--metrics")
-    if api_key_file:
-        _need(features, "api_key_file", "an API key file", name)
-        argv += ["--api-key-file", api_key_file]
-    if chat_template:
-        _need(features, "chat_template", "the chat template", name)
-        argv += ["--chat-template", chat_template]
+    argv += _valued_flags(features, name, ("api_key_file", "--api-key-file", api_key_file, "an API key file"),
+                          ("alias", "--alias", alias, "a model alias (llama_server_alias)"))
+    argv += chat_template_args(chat_template, jinja, chat_template_file, features, name)
     argv += load_mode_args(load_mode, features)
     if log_verbosity is not None:
         _need(features, "log_verbosity", "the log verbosity", name)

@@ -163,6 +163,8 @@ def _render_parts(module: Any, plan: dict) -> tuple[list[str], list[list[str]], 
             api_key_file=server["api_key_file"] or None, chat_template=server["chat_template"] or None,
             load_mode=server["load_mode"], pin_devices=server["pin_devices"],
             log_verbosity=server["log_verbosity"], extra_args=server["extra_args"],
+            alias=server.get("alias") or None, jinja=server.get("jinja"),
+            chat_template_file=server.get("chat_template_file") or None,
         )
     except FlagError as exc:
         module.fail_json(msg=str(exc), plan=plan)

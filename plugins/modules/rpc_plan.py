@@ -167,6 +167,16 @@ options:
       chat_template:
         description: Built-in chat template name (e.g. V(gemma)) or Jinja template.
         type: str
+      chat_template_file:
+        description: A Jinja chat template file on the host (C(--chat-template-file)); needs O(server.jinja) not false.
+        type: path
+      jinja:
+        description:
+          - V(true) renders C(--jinja), V(false) C(--no-jinja) where the build has it; unset keeps the build's default.
+        type: bool
+      alias:
+        description: The model's name for clients (C(--alias)), the id C(/v1/models) lists; empty leaves the path.
+        type: str
       load_mode:
         description: How to load the model (C(-lm), or C(--no-mmap)/C(--mlock) on older builds).
         type: str
@@ -470,6 +480,9 @@ def main() -> None:
                     metrics=dict(type="bool", default=False),
                     api_key_file=dict(type="path"),
                     chat_template=dict(type="str"),
+                    chat_template_file=dict(type="path"),
+                    jinja=dict(type="bool"),
+                    alias=dict(type="str"),
                     load_mode=dict(type="str", default="auto",
                                    choices=["auto", "none", "mmap", "mlock", "mmap+mlock", "dio"]),
                     pin_devices=dict(type="bool", default=False),

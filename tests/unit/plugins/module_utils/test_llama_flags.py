@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from llamafleet.core.llama_flags import (
     FlagError,
+    chat_template_args,
     detect_features,
     kv_unified_args,
     load_mode_args,
@@ -63,6 +65,10 @@ MODEL = "/var/lib/llamafleet/models/m.gguf"
     ("kv_unified", True, False),
     ("no_kv_unified", True, False),
     ("chat_template", True, True),
+    ("chat_template_file", True, False),
+    ("jinja", True, False),
+    ("no_jinja", True, False),  # "--jinja, --no-jinja" on one line: both spellings
+    ("alias", True, False),
     ("log_verbosity", True, True),
 ])
 def test_server_features(feature: str, new: bool, old: bool) -> None:
@@ -244,3 +250,44 @@ def test_llama_server_argv_errors(features: dict, kwargs: dict, message: str) ->
 ])
 def test_load_mode_args(mode: str | None, new: list[str], old: list[str]) -> None:
     assert (load_mode_args(mode, NEW), load_mode_args(mode, OLD)) == (new, old)
+
+
+# --- the model's name and chat templates ------------------------------------------------------------
+
+def test_alias_jinja_and_template_file_on_the_current_build() -> None:
+    argv = render_llama_server_argv(BIN, PLAN, NEW, MODEL, alias="gemma-3-270m-q4_k_m", jinja=True,
+                                    chat_template_file="/etc/llamafleet/chat-template.jinja", load_mode="none")
+    tail = argv[argv.index("--port") + 2:]
+    assert tail == ["--alias", "gemma-3-270m-q4_k_m", "--jinja", "--chat-template-file",
+                    "/etc/llamafleet/chat-template.jinja", "-lm", "none"]
+
+
+@pytest.mark.parametrize("template, jinja, template_file, features, expected", [
+    (None, None, None, NEW, []),
+    (None, True, None, NEW, ["--jinja"]),
+    (None, False, None, NEW, ["--no-jinja"]),
+    (None, False, None, {**NEW, "no_jinja": False}, []),  # a build without Jinja by default needs no flag
+    ("gemma", True, None, NEW, ["--jinja", "--chat-template", "gemma"]),
+    ("chatml", False, None, NEW, ["--no-jinja", "--chat-template", "chatml"]),
+    (None, True, "/t.jinja", NEW, ["--jinja", "--chat-template-file", "/t.jinja"]),
+    (None, None, "/t.jinja", NEW, ["--chat-template-file", "/t.jinja"]),
+])
+def test_chat_template_args(template, jinja, template_file, features, expected) -> None:
+    assert chat_template_args(template, jinja, template_file, features) == expected
+
+
+@pytest.mark.parametrize("template, jinja, template_file, features, message", [
+    ("gemma", True, "/t.jinja", NEW, "both name a template"),
+    (None, False, "/t.jinja", NEW, "is a Jinja template, and llama_server_jinja is false"),
+    (None, True, None, OLD, "Jinja chat templates (llama_server_jinja)"),
+    (None, None, "/t.jinja", OLD, "a chat template file (llama_server_chat_template_file)"),
+])
+def test_chat_template_args_refuse(template, jinja, template_file, features, message) -> None:
+    with pytest.raises(FlagError, match=re.escape(message)):
+        chat_template_args(template, jinja, template_file, features)
+
+
+def test_an_alias_needs_the_flag() -> None:
+    with pytest.raises(FlagError, match=re.escape("a model alias (llama_server_alias)")):
+        render_llama_server_argv(BIN, PLAN, OLD, MODEL, alias="m")
+    assert "--alias" not in render_llama_server_argv(BIN, PLAN, NEW, MODEL, alias="")

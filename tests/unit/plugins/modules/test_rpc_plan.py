@@ -118,6 +118,19 @@ def test_four_runs_check_apply_apply_check(tmp_path: Path, capsys: pytest.Captur
     assert [p.name for p in tmp_path.iterdir()] == [unit.name]  # no temporary files left
 
 
+def test_the_models_alias_and_its_chat_template_file_are_rendered(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    server = {"host": "127.0.0.1", "port": 18080, "alias": "gemma-3-270m-q4_k_m", "jinja": True,
+              "chat_template_file": "/etc/llamafleet/chat-template.jinja"}
+    rc, result = run_module(render_args(tmp_path / "u.service", server=server), capsys)
+    assert rc == 0, result
+    argv = result["argv"]
+    assert argv[argv.index("--port") + 2:] == ["--alias", "gemma-3-270m-q4_k_m", "--jinja", "--chat-template-file",
+                                               "/etc/llamafleet/chat-template.jinja"]
+    rc, result = run_module(render_args(tmp_path / "v.service", server=dict(server, jinja=False)), capsys)
+    assert rc == 1 and "llama_server_jinja is false" in result["msg"]
+
+
 def test_rendered_argv_and_unit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, result = run_module(render_args(tmp_path / "u.service"), capsys)
     assert rc == 0
