@@ -26,6 +26,7 @@ from tests.helpers import INVENTORY, cli, playbook
 ORDER = [
     "test_mixed_vulkan.py",      # its own lab shape (lab3, then lab1 too, Vulkan on Debian 13); compiles both builds
     "test_cli.py",               # the first of the CPU lab's modules: the ``deployed`` fixture deploys bare hosts
+    "test_endpoint_clients.py",  # the README's "Using the endpoint" recipes: curl, openai-python, environment
     "test_deploy.py",            # idempotence, check mode, bad input, changes that restore
     "test_faults.py",            # faults, the 2-minute partition included, on the converged lab
     "test_fleet_changes.py",
