@@ -33,7 +33,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from .checksum import sha256_hex, write_marker, verify_in_place
 from .fnv import hash_ranges
-from .rpc_cache import CACHE_FILE_MODE, CACHE_NAME, TEMP_PREFIX, CacheEntry, CacheError, SeedResult, _Seeder
+from .rpc_cache import CACHE_FILE_MODE, CACHE_NAME, CacheEntry, CacheError, SeedResult, _Seeder
 
 INCOMING = ".llamafleet-incoming"
 
@@ -181,8 +181,8 @@ def _check_received(path: str, entry: Mapping[str, Any], hasher: str | None) -> 
     size = os.path.getsize(path)
     tensors = ", ".join(entry.get("tensors") or [entry["name"]])
     if size != entry["size"]:
-        raise CacheError("%s (tensors %s): received %d bytes, the manifest has %d" % (entry["name"], tensors, size,
-                                                                                     entry["size"]))
+        raise CacheError("%s (tensors %s): received %d bytes, the manifest has %d"
+                         % (entry["name"], tensors, size, entry["size"]))
     got = sha256_hex(path)
     if got != entry["sha256"]:
         raise CacheError("%s (tensors %s): received bytes have sha256 %s, the manifest has %s"
@@ -190,8 +190,8 @@ def _check_received(path: str, entry: Mapping[str, Any], hasher: str | None) -> 
     if hasher:
         name = hash_ranges(path, [(0, size)], helper=hasher)[0]
         if name != entry["name"]:
-            raise CacheError("%s (tensors %s): the received bytes hash to cache name %s" % (entry["name"], tensors,
-                                                                                          name))
+            raise CacheError("%s (tensors %s): the received bytes hash to cache name %s"
+                             % (entry["name"], tensors, name))
 
 
 def install_files(cache_dir: str, files: Sequence[Mapping[str, Any]], uid: int = -1, gid: int = -1,

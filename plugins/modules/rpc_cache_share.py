@@ -18,8 +18,8 @@ description:
     model, as a file of its own. Progress (bytes done and total, MB/s) is shown on the controller as it goes.
   - On the worker each received file is checked against the sha256 the controller's manifest took from the
     verified whole model (and, given O(worker_hasher), its FNV-1a 64 name), then renamed to its 16-hex cache name,
-    owned by O(owner), mode C(0600), in a C(0700) directory. A run that stops midway resumes: verified files
-    are kept, a half-sent one is sent again.
+    owned by O(owner), mode C(0600), in a C(0700) directory. A run that stops midway resumes (verified files
+    are kept, a half-sent one is sent again).
   - O(state=absent_others) removes the cache files that no share kept needs (after the new plan serves).
     O(state=checked) fails, naming the tensors, when the cache lacks any of the share.
   - The module itself (the worker side) takes O(action) and is not meant to be called directly.

@@ -70,8 +70,8 @@ def cut(path: str, offset: int, size: int) -> tuple[str, str]:
             while left:
                 block = src.read(min(_CHUNK, left))
                 if not block:
-                    raise AnsibleActionFail("%s ended at byte %d, inside the range %d:%d" % (path, src.tell(),
-                                                                                              offset, size))
+                    raise AnsibleActionFail("%s ended at byte %d, inside the range %d:%d"
+                                            % (path, src.tell(), offset, size))
                 digest.update(block)
                 dst.write(block)
                 left -= len(block)
