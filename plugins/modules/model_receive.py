@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: model_receive
 short_description: Copy a verified model file from the controller's cache to a host, resumably, in pieces
-version_added: "0.4.0"
+version_added: "0.3.0"
 description:
   - The action plugin of the same name (on the controller) asks the host whether O(dest) holds the file with its
     pinned O(sha256); if not, it sends the pieces of O(src) the host's C(.part) file still lacks, each checked by

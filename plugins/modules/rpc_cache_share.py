@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: rpc_cache_share
 short_description: Put a worker's share of the model into its rpc-server weight cache, sent from the controller
-version_added: "0.4.0"
+version_added: "0.3.0"
 description:
   - Run on the controller, the action plugin of the same name works out the worker's share of the model (the
     tensors over rpc-server's hash threshold that the plan puts on its devices, and with O(degraded_ahead)
