@@ -1,3 +1,3 @@
 """llamafleet: SSH orchestration for distributed llama.cpp RPC fleets."""
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
