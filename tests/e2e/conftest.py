@@ -39,6 +39,7 @@ ORDER = [
     "test_weights_local.py",     # reads, and repairs one cache file
     "test_bench.py",
     "test_bench_builds.py",      # both releases side by side: after test_upgrade.py has built the other one
+    "test_big_model.py",         # the 6.41 GiB model over hosts of 4 GiB each, then gemma again
     "test_teardown.py",          # last: takes the cluster away, then deploys it again
 ]
 
