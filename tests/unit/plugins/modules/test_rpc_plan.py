@@ -118,8 +118,8 @@ def test_four_runs_check_apply_apply_check(tmp_path: Path, capsys: pytest.Captur
     assert [p.name for p in tmp_path.iterdir()] == [unit.name]  # no temporary files left
 
 
-def test_the_models_alias_and_its_chat_template_file_are_rendered(tmp_path: Path,
-                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_models_alias_and_its_chat_template_file_are_rendered(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     server = {"host": "127.0.0.1", "port": 18080, "alias": "gemma-3-270m-q4_k_m", "jinja": True,
               "chat_template_file": "/etc/llamafleet/chat-template.jinja"}
     rc, result = run_module(render_args(tmp_path / "u.service", server=server), capsys)
