@@ -102,7 +102,7 @@ CHAT_TEMPLATE_PATH = CONFIG_DIR + "/chat-template.jinja"
 DEPLOYMENT_RECORD_PATH = CONFIG_DIR + "/deployment.json"
 DEPLOYMENT_RECORD_SCHEMA = 1
 # This collection's version (galaxy.yml, pyproject.toml and llamafleet.__version__ agree; a unit test checks).
-COLLECTION_VERSION = "0.3.0"
+COLLECTION_VERSION = "0.4.0"
 # The workers' nftables rules (rpc_server_firewall).
 RPC_FIREWALL_RULES = CONFIG_DIR + "/rpc-firewall.nft"
 # Their nftables table, family and name (templates/rpc-firewall.nft.j2 and rpc-firewall.service.j2).
