@@ -27,8 +27,8 @@ from .image import (DEFAULT_KIND, HOST_KINDS, OVERLAY_SOURCE, BaseImage, HostRoo
 from .inventory import remove_inventory, render_known_hosts, write_inventory
 from .machines import (CGROUP_PARENT, Machine, console_tail, container_inits, find_machines, kill_orphaned_containers,
                        remove_cgroups, start_machine, stop_machines, systemd_cgroup_roots)
-from .memory import (check_memory_mib, host_limit_mib, memory_hierarchy, prepare_host_cgroup, remove_memory_cgroups,
-                     set_host_limit)
+from .memory import (check_memory_mib, host_limit_mib, keep_limit, memory_hierarchy, outside_lab_cgroup,
+                     prepare_host_cgroup, remove_memory_cgroups)
 from .mirror import MIRROR_PORT, publish
 from .net import (BRIDGE, GATEWAY, HOST_NAME_RE, MAX_HOSTS, LabHost, bridge_state, delete_link, ensure_bridge,
                   ip_forwarding_enabled, lab_hosts, lab_veths, link_exists, parse_rate, qdisc_rate, set_tbf)
@@ -380,9 +380,9 @@ class Lab:
 
         if to_create:
             self._run_per_host(to_create, create)
-        for host in self.hosts:
-            if host not in to_create:
-                self._keep_memory_limit(host, machines[host.name][0], state_hosts[host.name])
+        for host in (h for h in self.hosts if h not in to_create):
+            keep_limit(host.name, machines[host.name][0].leader, self.memory_mib, self._say)
+            state_hosts[host.name]["memory_mib"] = self.memory_mib
 
         state = {"version": STATE_VERSION, "images": {name: image.key for name, image in images.items()},
                  "inventory_dir": str(self.inventory_dir), "hosts": {h.name: state_hosts[h.name] for h in self.hosts}}
@@ -410,22 +410,12 @@ class Lab:
             return False
         if not host_state or host_state.get("image") != image.key or not self.paths.known_hosts.is_file():
             return False
-        if memory_hierarchy() is not None and host_limit_mib(machines[0].leader) is False:
+        if outside_lab_cgroup(machines[0].leader):
             return False  # started before hosts had memory cgroups: recreated with one
         for _ in range(2):  # a second chance, so a busy machine does not cost a host
             if ssh(host, "true", check=False, timeout=15, connect_timeout=5, paths=self.paths).returncode == 0:
                 return True
         return False
-
-    def _keep_memory_limit(self, host: LabHost, machine: Machine, entry: dict) -> None:
-        """Give a running host the limit asked for now, in place (no reboot)."""
-        if memory_hierarchy() is None:
-            return
-        current = host_limit_mib(machine.leader)
-        if (current or 0) != (self.memory_mib or 0):
-            set_host_limit(host.name, machine.leader, self.memory_mib)
-            self._say(f"==> {host.name}: memory limit {current or 'none'} -> {self.memory_mib or 'none'} MiB")
-        entry["memory_mib"] = self.memory_mib
 
     def _create_host(self, host: LabHost, image: BaseImage, public_key: str) -> dict:
         """(Re)create ``host`` from ``image``, boot it, and wait until systemd is running."""

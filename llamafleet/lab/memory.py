@@ -20,6 +20,7 @@ applied there: the host's own limit is the one that holds on such a controller.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,6 +162,21 @@ def set_host_limit(name: str, init_pid: int, mib: int | None) -> None:
     except OSError as exc:
         raise LabError(f"{name}: could not set its memory limit to {mib} MiB ({exc.strerror}): it uses more now; "
                        "stop its services first or recreate the lab") from exc
+
+
+def outside_lab_cgroup(init_pid: int) -> bool:
+    """Whether a running host is charged to no lab memory cgroup (started before hosts had them)."""
+    return memory_hierarchy() is not None and host_limit_mib(init_pid) is False
+
+
+def keep_limit(name: str, init_pid: int, mib: int | None, say: Callable[[str], None]) -> None:
+    """Give a running host the limit asked for now, in place (no reboot), saying so when it changes."""
+    if memory_hierarchy() is None:
+        return
+    current = host_limit_mib(init_pid)
+    if (current or 0) != (mib or 0):
+        set_host_limit(name, init_pid, mib)
+        say(f"==> {name}: memory limit {current or 'none'} -> {mib or 'none'} MiB")
 
 
 def remove_memory_cgroups(name: str | None = None) -> None:
