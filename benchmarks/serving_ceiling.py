@@ -32,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 from llamafleet.bench.measure import stream_completion, sweep
+from llamafleet.lab.artifacts import LLAMA_CPP_COMMIT, MODEL
 from llamafleet.lab.paths import cache_root
 
 N_PREDICT = 64
@@ -69,10 +70,12 @@ def main() -> int:
     args = parser.parse_args()
 
     cache = cache_root()
-    artifacts = sorted((cache / "artifacts").glob("*-cpu-*.tar.gz"), key=lambda p: p.stat().st_mtime)
-    models = sorted((cache / "models").glob("*.gguf"))
+    # the lab's own release and model, as the cluster it is compared with runs them (not whatever was built last)
+    artifacts = sorted((cache / "artifacts").glob(f"{LLAMA_CPP_COMMIT[:12]}-cpu-*.tar.gz"), key=lambda p: p.stat().st_mtime)
+    models = [MODEL.path(cache)] if MODEL.path(cache).is_file() else []
     if not artifacts or not models:
-        raise SystemExit(f"no CPU build in {cache}/artifacts or no model in {cache}/models: run make e2e-test first")
+        raise SystemExit(f"no CPU build of {LLAMA_CPP_COMMIT[:12]} in {cache}/artifacts or no {MODEL.name} in "
+                         f"{cache}/models: run make e2e-test first")
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(artifacts[-1]) as tar:
             tar.extractall(tmp, filter="data")
