@@ -20,6 +20,7 @@ applied there: the host's own limit is the one that holds on such a controller.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,6 +178,28 @@ def keep_limit(name: str, init_pid: int, mib: int | None, say: Callable[[str], N
     if (current or 0) != (mib or 0):
         set_host_limit(name, init_pid, mib)
         say(f"==> {name}: memory limit {current or 'none'} -> {mib or 'none'} MiB")
+
+
+# Each rpc-server's peak resident memory on a host (kB lines), for comparing with the host's limit.
+PEAK_RSS_COMMAND = "for p in $(pgrep -x rpc-server); do grep VmHWM /proc/$p/status; done"
+
+
+def oom_kills() -> dict[str, int]:
+    """OOM kills so far in each running lab host's memory cgroup, as the kernel counts them."""
+    from .machines import find_machines
+
+    kills = {}
+    for name, machines in find_machines().items():
+        directory = running_host_cgroup(machines[0].leader)
+        if directory is None:
+            raise LabError(f"{name} runs outside a lab memory cgroup")
+        for events in ("memory.events", "memory.oom_control"):  # v2, v1
+            path = directory / events
+            if path.exists():
+                found = re.search(r"^oom_kill (\d+)$", path.read_text(), re.MULTILINE)
+                kills[name] = int(found.group(1)) if found else 0
+                break
+    return kills
 
 
 def remove_memory_cgroups(name: str | None = None) -> None:

@@ -220,10 +220,13 @@ class MirrorHandler(BaseHTTPRequestHandler):
             self.send_header("Last-Modified", last_modified)
             self.end_headers()
             if send_body and count:
+                sent = 0
                 try:
-                    self.connection.sendfile(handle, offset, count)
+                    sent = self.connection.sendfile(handle, offset, count)
                 except (BrokenPipeError, ConnectionResetError):
                     self.close_connection = True
+                # what left the source, per client: benchmarks.big_model sums these lines
+                log.info("%s sent %d bytes of /%s", self.address_string(), sent, rel)
 
     def _listing(self, path: Path, rel: str, send_body: bool) -> None:
         names = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir() if not p.name.startswith("."))

@@ -17,33 +17,20 @@ from pathlib import Path
 import pytest
 
 from llamafleet.cluster import Endpoint, read_plan, server_log
-from llamafleet.core.log_parse import buffers_by_device, compare_with_plan, parse_load_log
+from llamafleet.core.log_parse import (
+    buffers_by_device,
+    compare_with_plan,
+    parse_load_log,
+)
 from llamafleet.lab import LabPaths
 from llamafleet.lab.artifacts import BIG_MODEL, BIG_MODEL_NAME, ensure_artifact
 from llamafleet.lab.core import DEFAULT_MEMORY_MIB
-from llamafleet.lab.machines import find_machines
-from llamafleet.lab.memory import running_host_cgroup
+from llamafleet.lab.memory import PEAK_RSS_COMMAND, oom_kills
 from llamafleet.lab.mirror import publish
 from tests.helpers import playbook
 
 MIB = 1024 * 1024
 CTX = 1024  # with f16 KV and the default reserves the 3 hosts hold it (2048 needs about 0.3 GiB more)
-RPC_SERVER_PEAK = "for p in $(pgrep -x rpc-server); do grep VmHWM /proc/$p/status; done"
-
-
-def _oom_kills() -> dict[str, int]:
-    """OOM kills so far in each lab host's memory cgroup, read by the controller (the kernel's count)."""
-    kills = {}
-    for name, machines in find_machines().items():
-        directory = running_host_cgroup(machines[0].leader)
-        assert directory is not None, f"{name} runs outside a lab memory cgroup"
-        for events in ("memory.events", "memory.oom_control"):  # v2, v1
-            path = directory / events
-            if path.exists():
-                found = re.search(r"^oom_kill (\d+)$", path.read_text(), re.M)
-                kills[name] = int(found.group(1)) if found else 0
-                break
-    return kills
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +52,7 @@ def big_model(deployed, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def big_deploy(big_model, fleet):
     """The lab deployed with the big model; gemma deployed again afterwards, pass or fail."""
-    kills_before = _oom_kills()
+    kills_before = oom_kills()
     started = time.monotonic()
     run = playbook("deploy.yml", "-e", f"@{big_model}", timeout=3600)
     run.seconds = time.monotonic() - started
@@ -111,8 +98,8 @@ def test_llama_cpp_placed_what_the_plan_said(big_deploy, fleet) -> None:
 
 def test_no_host_went_over_its_limit(big_deploy, fleet) -> None:
     _, kills_before = big_deploy
-    assert _oom_kills() == kills_before
-    for name, res in fleet.run(RPC_SERVER_PEAK, fleet.workers).items():
+    assert oom_kills() == kills_before
+    for name, res in fleet.run(PEAK_RSS_COMMAND, fleet.workers).items():
         assert res.ok, res.stderr
         peaks = [int(v) for v in re.findall(r"VmHWM:\s+(\d+) kB", res.stdout)]
         assert peaks, f"{name}: no rpc-server runs"
