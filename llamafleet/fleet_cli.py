@@ -10,7 +10,7 @@ import argparse
 import json
 from typing import Any
 
-from .core.serving_gate import DOWN, LOADING, SERVING
+from .core.gate_decision import DOWN, LOADING, SERVING
 from .errors import UserError
 from .fleet import Fleet
 from .layout import fleet_layouts

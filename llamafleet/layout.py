@@ -87,7 +87,7 @@ class HostLayout:
     llama_unit: str | None
     rpc_units: tuple[str, ...]
     rpc_cache_dir: str | None
-    # The serving gate's state file (orchestrator; see plugins/module_utils/serving_gate.py).
+    # The serving gate's state file (orchestrator; see plugins/module_utils/gate_watchdog.py).
     gate_state_path: str | None = None
     # The split plan the deploy wrote and the file holding the API key (orchestrator).
     plan_path: str | None = None

@@ -9,7 +9,7 @@ is, else the first unit's state that is not, or ``unreachable``), ``since``,
 ``cache_files`` (workers; None elsewhere), ``health`` and ``endpoint``
 (orchestrator), ``error`` (when the host could not be read).
 
-The serving gate (``serving_gate.py``) adds, on the orchestrator: ``gate``
+The serving gate (``serving_gate.py``, its watchdog in ``gate_watchdog.py``) adds, on the orchestrator: ``gate``
 (its unit's state), ``serving`` (``STATE: reason`` from its state file, or
 ``gate not running (...)``), ``serving_state`` (serving, loading, down; None
 when the gate is not running), ``serving_since`` (seconds in that state),
@@ -27,7 +27,7 @@ import shlex
 from typing import Any
 
 from .cluster import Endpoint
-from .core import constants, serving_gate
+from .core import constants, gate_decision
 from .core.systemd_show import parse_show_units, show_argv
 from .errors import UserError
 from .facts import (
@@ -86,8 +86,8 @@ def gate_doc_problem(doc: Any) -> str | None:
     """Why ``doc`` is not a state file of the gate (Watchdog.snapshot's shape), or None."""
     if not isinstance(doc, dict):
         return "state file is not a JSON object"
-    if doc.get("state") not in serving_gate.STATES:
-        return f"state file has state {doc.get('state')!r}, not one of {', '.join(serving_gate.STATES)}"
+    if doc.get("state") not in gate_decision.STATES:
+        return f"state file has state {doc.get('state')!r}, not one of {', '.join(gate_decision.STATES)}"
     for key in ("since", "updated", "restarts"):
         if isinstance(doc.get(key), bool) or not isinstance(doc.get(key), (int, float)):
             return f"state file has {key} {doc.get(key)!r}, not a number"
@@ -188,7 +188,7 @@ def is_bad(row: dict[str, Any]) -> bool:
     healthy, the gate or a guard not active, the cluster not serving, or a worker link stalled or lost."""
     return (row.get("state") not in ("active", NO_UNIT) or row.get("health", "ok") != "ok"
             or row.get("gate", "active") != "active" or row.get("guard", "active") != "active"
-            or ("serving" in row and row.get("serving_state") != serving_gate.SERVING)
+            or ("serving" in row and row.get("serving_state") != gate_decision.SERVING)
             or row.get("link") in BAD_LINKS)
 
 

@@ -36,13 +36,13 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.rpc_workers imp
     rpc_server_endpoints,
     rpc_server_instances,
 )
-from ansible_collections.llamafleet.cluster.plugins.module_utils.serving_gate import ping_group_range
+from ansible_collections.llamafleet.cluster.plugins.module_utils.host_observation import ping_group_range
 from ansible_collections.llamafleet.cluster.plugins.module_utils.split_plan import PlanError, elect_orchestrator
 
 
 def llamafleet_gate_ping_group_range(current, gid):
     """``{value, note}``: the ping_group_range that lets the gate's group ``gid`` ping (``value`` "" when it is to
-    stay as it is), see serving_gate.ping_group_range."""
+    stay as it is), see host_observation.ping_group_range."""
     try:
         value, note = ping_group_range(str(current), int(gid))
     except (TypeError, ValueError) as exc:

@@ -38,12 +38,12 @@ RPC_SERVER_UNIT = "llamafleet-rpc-server.service"
 # One rpc-server per device: the device's ggml name, lower-cased, goes in the middle.
 RPC_SERVER_DEVICE_UNIT = "llamafleet-rpc-server-%s.service"
 RPC_FIREWALL_UNIT = "llamafleet-rpc-firewall.service"
-# The orchestrator's serving gate and watchdog (module_utils/serving_gate.py run as a script): it
+# The orchestrator's serving gate and watchdog (module_utils/serving_gate.py and its modules, run as a module): it
 # owns the clients' port, forwards to llama-server on loopback, answers 503 at once while the
 # cluster cannot serve, and restarts llama-server when a worker link stalls.
 GATE_UNIT = "llamafleet-gate.service"
-# Each worker's guard (the same file, ``serving_gate.py guard``): restarts an rpc-server that keeps the
-# dead connection of a llama-server lost in a partition while the new one waits.
+# Each worker's guard (the same entry point, ``serving_gate guard``, module_utils/rpc_guard.py): restarts an
+# rpc-server that keeps the dead connection of a llama-server lost in a partition while the new one waits.
 RPC_GUARD_UNIT = "llamafleet-rpc-guard.service"
 # Its runtime folder (systemd RuntimeDirectory=) and the state file `llamafleet status` reads.
 GATE_RUNTIME_DIR = "llamafleet-gate"
@@ -113,11 +113,17 @@ HOST_FIREWALL_STATE = CONFIG_DIR + "/host-firewall.json"
 HOST_FIREWALL_COMMENT = "llamafleet-rpc"
 # The module_utils files that run on the hosts (stdlib only) are installed as the package HOST_PACKAGE
 # in LIBEXEC_DIR, the HOST_SCRIPTS of it, and run as modules: HOST_PYTHON + [module, arguments...].
-# So they import each other relatively there as they do here (rpc_metrics uses serving_gate's parsers).
+# So they import each other relatively there as they do here (rpc_metrics uses host_observation's parsers).
+# GATE_SCRIPTS are the serving gate's modules: serving_gate.py (the entry point of the gate, the guard and the plan
+# switch) and the modules it imports, one per concern. The llama_server and rpc_server roles install them with one
+# loop over this list, so a new module of the gate is shipped once it is named here (a unit test checks the list).
 LIBEXEC_DIR = "/usr/local/libexec/llamafleet"
 HOST_PACKAGE = "llamafleet_host"
 HOST_PACKAGE_DIR = LIBEXEC_DIR + "/" + HOST_PACKAGE
-HOST_SCRIPTS = ("serving_gate.py", "systemd_show.py", "rpc_proto.py", "rpc_metrics.py")
+GATE_SCRIPTS = ("serving_gate.py", "gate_config.py", "http_wire.py", "gate_metrics.py", "host_observation.py",
+                "link_state.py", "gate_decision.py", "gate_proxy.py", "gate_watchdog.py", "rpc_guard.py",
+                "plan_switch.py", "atomic_file.py")
+HOST_SCRIPTS = GATE_SCRIPTS + ("systemd_show.py", "rpc_proto.py", "rpc_metrics.py")
 HOST_PYTHON = ("/usr/bin/env", "PYTHONPATH=" + LIBEXEC_DIR, "/usr/bin/python3", "-m")
 # The gate's configuration (JSON, written by the llama_server role) and its program.
 GATE_CONFIG_PATH = CONFIG_DIR + "/gate.json"
@@ -127,7 +133,7 @@ GATE_MODULE = HOST_PACKAGE + ".serving_gate"
 RPC_WAIT_HELPER = "/usr/local/libexec/llamafleet-rpc-wait"
 # The RPC HELLO client itself (the gate probes a lost worker with it, ``--timeout S HOST:PORT``).
 RPC_PROBE_MODULE = HOST_PACKAGE + ".rpc_proto"
-# The workers' textfile metrics writer (module_utils/rpc_metrics.py; it imports serving_gate's parsers).
+# The workers' textfile metrics writer (module_utils/rpc_metrics.py; it imports host_observation's parsers).
 RPC_METRICS_MODULE = HOST_PACKAGE + ".rpc_metrics"
 # node_exporter's textfile collector directory in Debian's prometheus-node-exporter (role defaults
 # rpc_server_textfile_dir and monitoring_node_exporter_textfile_dir), and the file the workers write there.
@@ -137,7 +143,7 @@ RPC_METRICS_FILE = "llamafleet_rpc.prom"
 PROMETHEUS_JOB_LLAMA_SERVER = "llamafleet-llama-server"
 PROMETHEUS_JOB_NODE = "llamafleet-node"
 # The serving gate's own metrics (state, restarts, the last model load's duration): a path the gate answers itself
-# (serving_gate.GATE_METRICS_PATH; a test keeps the two equal), scraped on the llama-server targets with the key.
+# (gate_metrics.GATE_METRICS_PATH; a test keeps the two equal), scraped on the llama-server targets with the key.
 PROMETHEUS_JOB_GATE = "llamafleet-gate"
 GATE_METRICS_PATH = "/llamafleet/metrics"
 # Degraded mode (llama_server_degrade): the plans without one worker host, each a drop-in for llama-server's unit

@@ -31,7 +31,7 @@ import time
 from typing import Any, Iterable, Mapping
 
 # the packets are the gate's (its ping tells a lost worker host from a computing one)
-from .serving_gate import echo_reply_of, echo_request
+from .host_observation import echo_reply_of, echo_request
 
 
 def _open(family: int, ipv6: bool) -> tuple[socket.socket, bool]:

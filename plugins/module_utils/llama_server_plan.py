@@ -22,7 +22,7 @@ from .gguf import GGUFError
 from .gguf_facts import model_facts
 from .llama_flags import FlagError, render_llama_server_argv
 from .constants import PLAN_SWITCH_UNIT
-from .serving_gate import degrade_plans, plan_workers
+from .gate_config import degrade_plans, plan_workers
 from .split_plan import PlanError, plan_split
 from .systemd_unit import render_exec_dropin, render_systemd_unit
 

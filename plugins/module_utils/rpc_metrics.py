@@ -33,8 +33,8 @@ duration is not among them: the worker sees llama-server connect (the load begin
 marks its end (rpc-server logs no more per client without ``GGML_RPC_DEBUG``), so it is left out
 rather than guessed. The time since the client connected is exported instead.
 
-Stdlib only. Shipped to the workers in the host package beside ``serving_gate.py`` (whose ``ss`` parsers
-and atomic write it uses) and ``systemd_show.py`` (constants.HOST_PACKAGE) and run as a module:
+Stdlib only. Shipped to the workers in the host package beside the gate's ``host_observation.py`` (whose
+``ss`` parsers it uses), ``gate_metrics.py`` (the renderer), ``atomic_file.py`` and ``systemd_show.py`` (constants.HOST_PACKAGE) and run as a module:
 ``python3 -m llamafleet_host.rpc_metrics --output FILE [--cache-dir DIR] ADDRESS:PORT=UNIT ...``.
 """
 
@@ -47,8 +47,10 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from .serving_gate import (SS_ESTABLISHED, SS_LISTENERS, command_output, established_on, parse_listeners, parse_ss,
-                           render_exposition, write_text_atomic)
+from .atomic_file import write_text_atomic
+from .gate_metrics import render_exposition
+from .host_observation import (SS_ESTABLISHED, SS_LISTENERS, command_output, established_on, parse_listeners,
+                               parse_ss)
 from .systemd_show import parse_show, show_argv
 
 # The lines rpc-server prints (stdout, flushed) when it accepts a client and when that client goes (ggml-rpc.cpp).
@@ -192,7 +194,7 @@ def server_samples(server: Server, active: bool, listeners: dict[int, tuple[int,
 
 
 def render(samples: Sequence[Sample]) -> str:
-    """Prometheus text exposition of ``samples`` (see serving_gate.render_exposition); an unknown metric name is
+    """Prometheus text exposition of ``samples`` (see gate_metrics.render_exposition); an unknown metric name is
     a MetricsError."""
     try:
         return render_exposition(METRICS, samples)

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """``systemctl show``: the one command line and the one reader of its ``KEY=VALUE`` output.
 
-The serving gate and guard (``serving_gate.py``), the rpc-server metrics (``rpc_metrics.py``), the
+The serving gate and guard (``host_observation.py``), the rpc-server metrics (``rpc_metrics.py``), the
 library's status and journal reads and the bench all ask systemd this way. Stdlib only and without
 imports of its own: it runs on the hosts in the host package (constants.HOST_SCRIPTS), imported
 relatively by the gate.

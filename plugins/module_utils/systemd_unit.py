@@ -41,7 +41,7 @@ from .constants import (DEGRADED_PLANS_DIR, GATE_CONFIG_PATH, GATE_RUNTIME_DIR, 
                         RPC_CACHE_SUBDIR, RPC_FIREWALL_UNIT, RPC_SERVER_HOME, RPC_SERVER_USER)
 
 # Seconds a live client may wait behind a dead one before the worker's guard restarts rpc-server
-# (serving_gate.DEFAULT_GUARD_STALE; role default rpc_server_guard_stale).
+# (rpc_guard.DEFAULT_GUARD_STALE; role default rpc_server_guard_stale).
 GUARD_STALE = 20
 from .llama_flags import FlagError
 
@@ -191,7 +191,7 @@ def render_systemd_unit(argv: Sequence[str], header: str = "", description: str 
                         exec_start_pre: Sequence[Sequence[str]] = (), comments: Sequence[str] = (),
                         timeout_start_sec: int | None = None, backend: str | None = None,
                         protect_home: str = "yes", wanted_by: str = "multi-user.target",
-                        runtime_directory: str | None = None, memory_max_mib: int = 0) -> str:
+                        runtime_directory: str | None = None, memory_max_mib: int = 0, limit_nofile: int = 0) -> str:
     """The text of a hardened systemd service unit running ``argv`` from a llama.cpp ``backend`` build.
 
     ``header`` (e.g. the ansible_managed comment) goes first, verbatim, each
@@ -204,7 +204,8 @@ def render_systemd_unit(argv: Sequence[str], header: str = "", description: str 
     ``--mlock``/``-lm mlock``. ``exec_start_pre`` are argv lists run before the
     server (e.g. a wait for the workers). ``runtime_directory`` is a folder
     under /run that systemd creates for the service (owned by ``user``) and
-    removes when it stops. ``memory_max_mib`` (0: none) is :func:`memory_limit`'s.
+    removes when it stops. ``memory_max_mib`` (0: none) is :func:`memory_limit`'s. ``limit_nofile`` (0:
+    systemd's default) is the open files the service may hold (``LimitNOFILE=``, soft and hard).
     """
     if restart not in RESTART_POLICIES:
         raise UnitError("restart %r is not one of %s" % (restart, ", ".join(RESTART_POLICIES)))
@@ -242,6 +243,8 @@ def render_systemd_unit(argv: Sequence[str], header: str = "", description: str 
         lines += ["RuntimeDirectory=%s" % runtime_directory, "RuntimeDirectoryMode=0755"]
     if limit_memlock_infinity:
         lines.append("LimitMEMLOCK=infinity")
+    if limit_nofile:
+        lines.append("LimitNOFILE=%d" % int(limit_nofile))
     lines += memory_limit(memory_max_mib)
     lines += ["", "[Install]", "WantedBy=%s" % wanted_by, ""]
     return "\n".join(lines)
@@ -338,27 +341,41 @@ def render_rpc_server_unit(argv: Sequence[str], backend: str, port: int, user: s
         restart="always", restart_sec=2, backend=backend, memory_max_mib=memory_max_mib)
 
 
+# The serving gate's open files (LimitNOFILE=, soft and hard; see GATE_LIMITS_NOTE, which its unit carries).
+GATE_LIMIT_NOFILE = 65536
+GATE_LIMITS_NOTE = (
+    "Limits, on purpose. LimitNOFILE=%d: each client connection holds a descriptor (TLS handshakes" % GATE_LIMIT_NOFILE,
+    "and heads still being read included, which max_connections does not all count) and each relayed request",
+    "a second one to llama-server; systemd's default soft limit of 1024 ran out near 1,000 idle connections, and",
+    "then the watchdog's own /health probe and ss failed too (asyncio polls with epoll: no cost until used).",
+    "TasksMax keeps systemd's default (one process: asyncio's resolver threads, and ss, systemctl and the HELLO",
+    "probe as children, a few at a time); no MemoryMax (a kill would close the clients' port to everyone:",
+    "connection caps bound the gate, not a memory limit).")
+
+
 def render_gate_unit(python: Sequence[str] = HOST_PYTHON, module: str = GATE_MODULE, config: str = GATE_CONFIG_PATH,
                      user: str = LLAMA_SERVER_USER, header: str = "") -> str:
-    """The unit of the orchestrator's serving gate (module_utils/serving_gate.py run as ``python`` + module).
+    """The unit of the orchestrator's serving gate (module_utils/serving_gate.py, the entry point of the gate's
+    modules, run as ``python`` + module).
 
     It runs as llama-server's own user, so it may signal llama-server (its
     only restart action: systemd brings llama-server back), reads the API key
     file for its canary, touches no device (the CPU device policy), writes
-    nothing but its state under /run, and restarts always.
+    nothing but its state under /run, restarts always, and may hold
+    GATE_LIMIT_NOFILE open files (GATE_LIMITS_NOTE says why).
     """
     return render_systemd_unit(
         [*python, module, "--config", config], header=header,
         description="llamafleet serving gate and watchdog in front of llama-server",
         user=user, after=["network-online.target", LLAMA_SERVER_UNIT], restart="always", restart_sec=2,
-        backend="cpu", runtime_directory=GATE_RUNTIME_DIR,
+        backend="cpu", runtime_directory=GATE_RUNTIME_DIR, limit_nofile=GATE_LIMIT_NOFILE,
         comments=["Clients connect here; it forwards to llama-server on loopback and answers 503 at once "
-                  "while the cluster cannot serve."])
+                  "while the cluster cannot serve.", *GATE_LIMITS_NOTE])
 
 
 def render_rpc_guard_unit(servers: Mapping[int, str], stale: int = GUARD_STALE, python: Sequence[str] = HOST_PYTHON,
                           module: str = GATE_MODULE, user: str = RPC_SERVER_USER, header: str = "") -> str:
-    """The unit of a worker's rpc-server guard (``serving_gate.py guard``), watching each rpc-server
+    """The unit of a worker's rpc-server guard (``serving_gate guard``, module_utils/rpc_guard.py), watching each rpc-server
     port of ``servers`` (port -> unit). It runs as rpc-server's own user, so it may signal it."""
     if not servers:
         raise UnitError("the guard needs at least one rpc-server (port -> unit)")

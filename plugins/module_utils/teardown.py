@@ -23,7 +23,7 @@ UNIT_SUFFIXES = (".service", ".socket", ".path", ".timer", ".target")
 # Units that start others: stopped first, so that none starts a service the teardown has just stopped.
 TRIGGER_SUFFIXES = (".path", ".timer", ".socket")
 # The kernel's empty range (no group may ping), Debian 12's default: the only range the deploy ever replaces
-# (serving_gate.ping_group_range), so the one to give back.
+# (host_observation.ping_group_range), so the one to give back.
 EMPTY_PING_GROUP_RANGE = "1 0"
 # The name the folders made for llamafleet itself carry (/opt/llamafleet, /var/cache/llamafleet), as its units do.
 PROJECT = UNIT_PREFIX.rstrip("-")

@@ -9,6 +9,7 @@ local, no lab).
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -22,8 +23,8 @@ import pytest
 import yaml
 
 from llamafleet.core import constants as c
+from llamafleet.core import gate_metrics as gm
 from llamafleet.core import rpc_metrics as rm
-from llamafleet.core import serving_gate as sg
 from llamafleet.core.systemd_unit import render_rpc_server_unit
 
 REPO = Path(__file__).resolve().parents[3]
@@ -102,8 +103,8 @@ SOURCES = {
     "textfile writer": exposition_names(textfile_output()),
     "node_exporter": exposition_names(
         (FIXTURES / "prometheus-node-exporter_1.5.0_types_and_textfile_real.txt").read_text(encoding="utf-8")),
-    "serving gate": exposition_names(sg.render_exposition(sg.GATE_METRICS, sg.gate_samples(
-        "serving", 1.0, {}, 0, 0, False, sg.LoadClock(last_seconds=1.0, ready_at=1.0, loads=1)))),
+    "serving gate": exposition_names(gm.render_exposition(gm.GATE_METRICS, gm.gate_samples(
+        "serving", 1.0, {}, 0, 0, False, gm.LoadClock(last_seconds=1.0, ready_at=1.0, loads=1)))),
     "Prometheus": {"up"},
 }
 
@@ -126,7 +127,7 @@ def test_the_sources_know_what_this_build_exports() -> None:
             "llamacpp:n_tokens_max"} <= llama
     assert not {"llamacpp:kv_cache_usage_ratio", "llamacpp:kv_cache_tokens"} & llama
     assert set(rm.METRICS) == SOURCES["textfile writer"]
-    assert set(sg.GATE_METRICS) == SOURCES["serving gate"]
+    assert set(gm.GATE_METRICS) == SOURCES["serving gate"]
 
 
 def test_every_metric_the_dashboard_asks_for_exists() -> None:
@@ -155,27 +156,58 @@ def test_the_dashboard_is_provisionable() -> None:
     assert targets and all(t["datasource"] == {"type": "prometheus", "uid": "${datasource}"} for t in targets)
 
 
+GATE_LOOP = "{{ lookup('llamafleet.cluster.constants', 'gate_scripts') }}"
+
+
 def _copies(path: Path) -> dict[str, str]:
-    """dest -> src of the copy tasks of a task file (blocks included)."""
+    """dest -> src of the copy tasks of a task file (blocks included; a loop over constants.GATE_SCRIPTS, the one
+    loop a copy may have, expanded)."""
     tasks = _yaml(path)
     tasks = tasks + [t for block in tasks for t in block.get("block", [])]
-    return {t["ansible.builtin.copy"]["dest"]: t["ansible.builtin.copy"].get("src", "")
-            for t in tasks if "ansible.builtin.copy" in t}
+    copies = {}
+    for task in (t for t in tasks if "ansible.builtin.copy" in t):
+        copy = task["ansible.builtin.copy"]
+        assert task.get("loop", GATE_LOOP) == GATE_LOOP, task
+        for item in c.GATE_SCRIPTS if "loop" in task else [None]:
+            copies[copy["dest"].replace("{{ item }}", item or "")] = copy.get("src", "").replace("{{ item }}", item or "")
+    return copies
 
 
 @pytest.mark.parametrize("tasks, scripts", [
-    ("rpc_server/tasks/install.yml", ["__init__.py", "serving_gate.py", "systemd_show.py"]),
+    ("rpc_server/tasks/install.yml", sorted(["__init__.py", *c.GATE_SCRIPTS, "systemd_show.py"])),
     ("rpc_server/tasks/textfile_metrics.yml", ["rpc_metrics.py"]),
-    ("llama_server/tasks/install.yml", ["__init__.py", "rpc_proto.py", "serving_gate.py", "systemd_show.py"]),
+    ("llama_server/tasks/install.yml", sorted(["__init__.py", "rpc_proto.py", *c.GATE_SCRIPTS, "systemd_show.py"])),
 ])
 def test_the_roles_install_the_host_scripts_in_the_host_package(tasks: str, scripts: list[str]) -> None:
-    """rpc_metrics.py imports serving_gate relatively, and serving_gate systemd_show: all go to the host package
+    """rpc_metrics.py imports the gate's modules relatively, and they systemd_show: all go to the host package
     (HOST_PACKAGE_DIR)."""
     package = "{{ lookup('llamafleet.cluster.constants', 'host_package_dir') }}/"
     copies = {dest[len(package):]: src for dest, src in _copies(REPO / "roles" / tasks).items() if dest.startswith(package)}
     assert sorted(copies) == scripts
     assert set(scripts) - {"__init__.py"} <= set(c.HOST_SCRIPTS)
     assert all(src.endswith("plugins/module_utils/" + name) for name, src in copies.items() if name != "__init__.py")
+
+
+def _relative_imports(name: str) -> set[str]:
+    """The module_utils files ``name`` imports relatively (``from .X import``), and theirs, ``name`` included."""
+    found, todo = set(), [name]
+    while todo:
+        current = todo.pop()
+        if current in found:
+            continue
+        found.add(current)
+        tree = ast.parse((REPO / "plugins" / "module_utils" / current).read_text(encoding="utf-8"))
+        todo += ["%s.py" % node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1]
+    return found
+
+
+def test_the_host_scripts_are_what_the_host_code_imports() -> None:
+    """GATE_SCRIPTS is the gate's entry point and every module it imports (systemd_show.py, shared with the library,
+    apart), so the roles' loop ships a new module of the gate; each host script's imports are host scripts."""
+    assert _relative_imports("serving_gate.py") - {"systemd_show.py"} == set(c.GATE_SCRIPTS)
+    for name in c.HOST_SCRIPTS:
+        assert _relative_imports(name) <= set(c.HOST_SCRIPTS), name
+    assert len(set(c.HOST_SCRIPTS)) == len(c.HOST_SCRIPTS)
 
 
 def test_the_host_package_runs_without_the_library(tmp_path: Path) -> None:

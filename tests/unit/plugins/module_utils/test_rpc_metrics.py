@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from llamafleet.core import rpc_metrics as rm
-from llamafleet.core.constants import HOST_PACKAGE, RPC_METRICS_MODULE
+from llamafleet.core.constants import GATE_SCRIPTS, HOST_PACKAGE, RPC_METRICS_MODULE
 from llamafleet.core.rpc_cache import CACHE_NAME as CACHE_NAME_OF_RPC_CACHE
 
 MODULE_UTILS = Path(rm.__file__).resolve().parent
@@ -309,13 +309,13 @@ def test_main_reports_an_unwritable_output(tmp_path: Path, capsys) -> None:
 
 
 def test_runs_as_installed_beside_the_gate(tmp_path: Path) -> None:
-    """Copied alone with serving_gate.py and systemd_show.py into the host package (as the rpc_server role installs them) and run by
+    """Copied alone with the gate's modules and systemd_show.py into the host package (as the rpc_server role installs them) and run by
     python3 as a module, with ss, systemctl and journalctl that answer as recorded, it writes the file."""
     libexec, bin_dir = tmp_path / "libexec", tmp_path / "bin"
     (libexec / HOST_PACKAGE).mkdir(parents=True)
     bin_dir.mkdir()
     (libexec / HOST_PACKAGE / "__init__.py").write_text("")
-    for name in ("rpc_metrics.py", "serving_gate.py", "systemd_show.py"):
+    for name in ("rpc_metrics.py", *GATE_SCRIPTS, "systemd_show.py"):
         shutil.copy(MODULE_UTILS / name, libexec / HOST_PACKAGE / name)
     answers = {
         "ss": 'case "$*" in -ltnH) cat %s;; *) cat %s;; esac' % (

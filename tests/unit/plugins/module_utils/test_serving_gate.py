@@ -1,4 +1,4 @@
-"""serving_gate: pure parts table-driven, and the proxy over real sockets against a small fake llama-server."""
+"""The serving gate (serving_gate.py and its modules): pure parts table-driven, and the proxy over real sockets against a small fake llama-server."""
 
 from __future__ import annotations
 
@@ -20,34 +20,25 @@ from typing import Any, Awaitable, Callable
 
 import pytest
 
-from llamafleet.core import serving_gate as sg
-from llamafleet.core.serving_gate import (
+from llamafleet.core import (atomic_file, gate_config, gate_decision, gate_metrics, gate_proxy, gate_watchdog, host_observation,
+                             http_wire, link_state, plan_switch, serving_gate)
+from llamafleet.core.gate_config import Config, Worker, load_config
+from llamafleet.core.gate_decision import (
     DOWN,
     LOADING,
     SERVING,
     CanaryOutcome,
-    ChunkDecoder,
-    ChunkError,
-    Config,
     Decision,
-    Gate,
-    HeadError,
     Memory,
     Observation,
-    Worker,
-    count_stalls,
     decide,
-    established_on,
-    guard_decide,
-    link_names,
-    load_config,
-    parse_listeners,
-    parse_ss,
     remember,
-    rpc_endpoints,
-    running_workers,
-    worker_links,
 )
+from llamafleet.core.gate_proxy import Gate
+from llamafleet.core.host_observation import established_on, parse_listeners, parse_ss, rpc_endpoints
+from llamafleet.core.http_wire import ChunkDecoder, ChunkError, HeadError
+from llamafleet.core.link_state import count_stalls, link_names, running_workers, worker_links
+from llamafleet.core.rpc_guard import guard_decide
 from tests.unit.needs import require
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "ss"
@@ -79,7 +70,7 @@ def test_parse_ss_real_stalled_link() -> None:
                        "peer": ("127.0.0.1", 50052), "unacked": 1, "lastsnd_ms": 2156, "lastrcv_ms": 5508,
                        "lastack_ms": 5508, "retrans": (1, 5), "rto_ms": 3264, "backoff": 4}
     assert listener["local"] == ("127.0.0.1", 50052) and listener["unacked"] == 0 and listener["retrans"] == (0, 0)
-    assert sg.link_stalled(stalled, 4.0) and not sg.link_stalled(stalled, 6.0) and not sg.link_stalled(listener, 1)
+    assert link_state.link_stalled(stalled, 4.0) and not link_state.link_stalled(stalled, 6.0) and not link_state.link_stalled(listener, 1)
 
 
 def test_parse_ss_real_line_with_state_column() -> None:
@@ -150,7 +141,7 @@ def test_worker_links_details() -> None:
 ])
 def test_awaiting_ms(unacked: int, lastsnd: int, lastrcv: int, expected: int) -> None:
     conn = {"unacked": unacked, "lastsnd_ms": lastsnd, "lastrcv_ms": lastrcv}
-    assert sg.awaiting_ms(conn) == expected
+    assert link_state.awaiting_ms(conn) == expected
 
 
 def test_a_waiting_link_is_stalled_only_when_its_host_is_unreachable() -> None:
@@ -159,22 +150,22 @@ def test_a_waiting_link_is_stalled_only_when_its_host_is_unreachable() -> None:
     links = worker_links(conns, LAB, 4.0)
     assert {host: (info["link"], info["awaiting_ms"]) for host, info in links.items()} == {
         "lab2": ("ok", 6500), "lab3": ("ok", 1200)}
-    assert sg.awaiting_workers(links, 4.0) == ["lab2"] and sg.awaiting_workers(links, 1.0) == ["lab2", "lab3"]
+    assert link_state.awaiting_workers(links, 4.0) == ["lab2"] and link_state.awaiting_workers(links, 1.0) == ["lab2", "lab3"]
     cut = worker_links(conns, LAB, 4.0, unreachable={"lab2", "lab3"})
     # lab3 has waited 1.2 s only: a worker may compute that long without being lost
     assert (cut["lab2"]["link"], cut["lab2"]["silent_ms"], cut["lab3"]["link"]) == ("stalled", 6500, "ok")
-    assert sg._stall_reason("lab2", cut["lab2"]) == (
+    assert gate_decision._stall_reason("lab2", cut["lab2"]) == (
         "worker lab2 (10.77.0.12:50052) has not answered llama-server's request for 6.5 s and its host does not "
         "answer ping")
 
 
 @pytest.mark.parametrize("ipv6", [False, True])
 def test_echo_request_and_reply(ipv6: bool) -> None:
-    request = sg.echo_request(0x1234, ipv6)
+    request = host_observation.echo_request(0x1234, ipv6)
     assert request[0] == (128 if ipv6 else 8) and request[6:8] == b"\x12\x34"
     reply = bytes((129 if ipv6 else 0,)) + request[1:]
-    assert sg.is_echo_reply(reply, 0x1234, ipv6) and not sg.is_echo_reply(reply, 0x1235, ipv6)
-    assert not sg.is_echo_reply(request, 0x1234, ipv6) and not sg.is_echo_reply(reply[:7], 0x1234, ipv6)
+    assert host_observation.is_echo_reply(reply, 0x1234, ipv6) and not host_observation.is_echo_reply(reply, 0x1235, ipv6)
+    assert not host_observation.is_echo_reply(request, 0x1234, ipv6) and not host_observation.is_echo_reply(reply[:7], 0x1234, ipv6)
 
 
 @pytest.mark.parametrize("data, expected", [
@@ -184,17 +175,17 @@ def test_echo_request_and_reply(ipv6: bool) -> None:
     (b"\x01", 0xFEFF),  # odd length: padded with a zero byte
 ])
 def test_icmp_checksum(data: bytes, expected: int) -> None:
-    assert sg.icmp_checksum(data) == expected
+    assert host_observation.icmp_checksum(data) == expected
 
 
 def test_an_ipv4_request_checks_out_and_carries_id_and_sequence() -> None:
-    packet = sg.echo_request(7, ident=0x1234)
-    assert packet[0] == 8 and sg.icmp_checksum(packet) == 0  # a correct checksum sums to zero
+    packet = host_observation.echo_request(7, ident=0x1234)
+    assert packet[0] == 8 and host_observation.icmp_checksum(packet) == 0  # a correct checksum sums to zero
     assert struct.unpack("!HH", packet[4:8]) == (0x1234, 7)
 
 
 def test_ipv6_request_leaves_the_checksum_to_the_kernel() -> None:
-    packet = sg.echo_request(2, ipv6=True, ident=1)
+    packet = host_observation.echo_request(2, ipv6=True, ident=1)
     assert packet[0] == 128 and packet[2:4] == b"\0\0"
 
 
@@ -213,7 +204,7 @@ def reply(ident: int, seq: int, kind: int = 0) -> bytes:
     (b"", False, True, None),
 ])
 def test_reply_parsing(packet: bytes, ipv6: bool, header: bool, expected: tuple[int, int] | None) -> None:
-    assert sg.echo_reply_of(packet, ipv6, header) == expected
+    assert host_observation.echo_reply_of(packet, ipv6, header) == expected
 
 
 ECHO_PROGRAM = """
@@ -234,7 +225,7 @@ def test_icmp_echo_on_real_sockets(groups: str, expected: str) -> None:
     TEST-NET-1 (RFC 5737) never does, and without the permission the probe says it cannot tell."""
     require(shutil.which("unshare") is not None and os.geteuid() == 0, "root and unshare (a private network namespace)")
     shell = "ip link set lo up && echo '%s' > /proc/sys/net/ipv4/ping_group_range && exec \"$0\" -c \"$1\" \"$2\""
-    out = subprocess.run(["unshare", "-n", "sh", "-c", shell % groups, sys.executable, ECHO_PROGRAM, sg.__name__],
+    out = subprocess.run(["unshare", "-n", "sh", "-c", shell % groups, sys.executable, ECHO_PROGRAM, host_observation.__name__],
                          capture_output=True, text=True, timeout=30, check=True).stdout
     assert out.strip() == expected
 
@@ -247,7 +238,7 @@ def test_icmp_echo_on_real_sockets(groups: str, expected: str) -> None:
     ("garbage", None, "cannot read"),
 ])
 def test_ping_group_range(current: str, value: str | None, note: str) -> None:
-    got_value, got_note = sg.ping_group_range(current, 999)
+    got_value, got_note = host_observation.ping_group_range(current, 999)
     assert got_value == value and note in got_note
 
 
@@ -257,8 +248,8 @@ def test_pinger_judges_only_hosts_that_answered_before(monkeypatch: pytest.Monke
     async def echo(address: str, timeout: float, seq: int) -> bool | None:
         return answers[address]
 
-    monkeypatch.setattr(sg, "icmp_echo", echo)
-    pinger = sg.Pinger()
+    monkeypatch.setattr(gate_watchdog, "icmp_echo", echo)
+    pinger = gate_watchdog.Pinger()
     names = {"lab2": "10.77.0.12", "lab3": "10.77.0.13"}
     # nothing answered yet: nobody is judged (lab3 may drop ping by policy), but lab2 is known from now on
     assert asyncio.run(pinger.unreachable(names)) == set()
@@ -414,7 +405,7 @@ def test_plan_workers_lists_each_remote_endpoint_once() -> None:
                {"host": "lab2", "endpoint": "10.77.0.12:50052", "local": False},  # a second device, same server
                {"host": "gpu1", "endpoint": "[fd00::7]:50053", "local": False},
                {"host": "lab1", "endpoint": None, "local": True}]
-    workers = sg.plan_workers(devices)
+    workers = gate_config.plan_workers(devices)
     assert workers == [{"host": "lab2", "endpoint": "10.77.0.12:50052", "address": "10.77.0.12", "port": 50052},
                        {"host": "gpu1", "endpoint": "[fd00::7]:50053", "address": "fd00::7", "port": 50053}]
     loaded = load_config({"listen_port": 8080, "upstream_port": 18080, "unit": "x.service", "workers": workers})
@@ -452,40 +443,40 @@ def test_load_config_errors_name_the_key(change: dict[str, Any], key: str) -> No
 
 
 def test_error_response_and_sse_event() -> None:
-    raw = sg.error_response(503, "worker lab3 stalled", 15)
+    raw = http_wire.error_response(503, "worker lab3 stalled", 15)
     head, body = raw.split(b"\r\n\r\n", 1)
     assert head.split(b"\r\n") == [b"HTTP/1.1 503 Service Unavailable", b"Content-Type: application/json; charset=utf-8",
                                    b"Content-Length: %d" % len(body), b"Retry-After: 15", b"Connection: close"]
     assert json.loads(body) == {"error": {"code": 503, "type": "unavailable_error",
                                           "message": "llamafleet: worker lab3 stalled"}}
-    assert sg.error_response(504, "x", body=False).endswith(b"Connection: close\r\n\r\n")
-    assert json.loads(sg.error_response(504, "slow").split(b"\r\n\r\n")[1])["error"]["type"] == "timeout_error"
-    event = sg.sse_error_event(503, "down")
+    assert http_wire.error_response(504, "x", body=False).endswith(b"Connection: close\r\n\r\n")
+    assert json.loads(http_wire.error_response(504, "slow").split(b"\r\n\r\n")[1])["error"]["type"] == "timeout_error"
+    event = http_wire.sse_error_event(503, "down")
     assert event.startswith(b"data: {") and event.endswith(b"}\n\n")
-    assert json.loads(event[6:]) == sg.error_object(503, "down")
-    assert sg.sse_error_event(503, "down", b"}\n").startswith(b"\ndata: ")
-    assert sg.sse_error_event(503, "down", b'"}').startswith(b"\n\ndata: ")
+    assert json.loads(event[6:]) == http_wire.error_object(503, "down")
+    assert http_wire.sse_error_event(503, "down", b"}\n").startswith(b"\ndata: ")
+    assert http_wire.sse_error_event(503, "down", b'"}').startswith(b"\n\ndata: ")
 
 
 def test_request_head_rewriting() -> None:
-    req = sg.parse_request_head(b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: gate:8080\r\n"
+    req = http_wire.parse_request_head(b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: gate:8080\r\n"
                                 b"Authorization: Bearer s3cret\r\nConnection: keep-alive, X-Hop\r\nKeep-Alive: 5\r\n"
                                 b"X-Hop: 1\r\nExpect: 100-continue\r\nContent-Length: 2\r\nX-Other:  v \r\n\r\n")
     assert (req.method, req.path, req.version) == ("POST", "/v1/chat/completions", "1.1")
-    assert sg.request_body(req) == ("length", 2) and sg.wants_continue(req)
-    assert sg.upstream_request_head(req) == (
+    assert http_wire.request_body(req) == ("length", 2) and http_wire.wants_continue(req)
+    assert http_wire.upstream_request_head(req) == (
         b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: gate:8080\r\nAuthorization: Bearer s3cret\r\n"
         b"Content-Length: 2\r\nX-Other: v\r\nConnection: close\r\n\r\n")
 
 
 def test_response_head_rewriting() -> None:
-    resp = sg.parse_response_head(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nKeep-Alive: timeout=5\r\n"
+    resp = http_wire.parse_response_head(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nKeep-Alive: timeout=5\r\n"
                                   b"Connection: keep-alive\r\nTransfer-Encoding: chunked\r\nServer: llama.cpp\r\n\r\n")
-    assert sg.client_response_head(resp) == (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+    assert http_wire.client_response_head(resp) == (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                                              b"Transfer-Encoding: chunked\r\nServer: llama.cpp\r\n"
                                              b"Connection: close\r\n\r\n")
-    assert sg.is_event_stream(resp) and sg.response_body("GET", resp) == ("chunked", 0)
-    assert sg.response_body("HEAD", resp) == ("none", 0)
+    assert http_wire.is_event_stream(resp) and http_wire.response_body("GET", resp) == ("chunked", 0)
+    assert http_wire.response_body("HEAD", resp) == ("none", 0)
 
 
 @pytest.mark.parametrize(("head", "status"), [
@@ -495,7 +486,7 @@ def test_response_head_rewriting() -> None:
 ])
 def test_parse_request_head_refuses_garbage(head: bytes, status: int) -> None:
     with pytest.raises(HeadError) as info:
-        sg.parse_request_head(head)
+        http_wire.parse_request_head(head)
     assert info.value.status == status
 
 
@@ -507,13 +498,13 @@ def test_parse_request_head_refuses_garbage(head: bytes, status: int) -> None:
     (b"Content-Length: -1\r\n", 400),
 ])
 def test_request_body_framing(headers: bytes, framing: Any) -> None:
-    req = sg.parse_request_head(b"POST /completion HTTP/1.1\r\n" + headers + b"\r\n")
+    req = http_wire.parse_request_head(b"POST /completion HTTP/1.1\r\n" + headers + b"\r\n")
     if isinstance(framing, int):
         with pytest.raises(HeadError) as info:
-            sg.request_body(req)
+            http_wire.request_body(req)
         assert info.value.status == framing
     else:
-        assert sg.request_body(req) == framing
+        assert http_wire.request_body(req) == framing
 
 
 def test_chunk_decoder_byte_by_byte_with_extensions_and_trailers() -> None:
@@ -522,7 +513,7 @@ def test_chunk_decoder_byte_by_byte_with_extensions_and_trailers() -> None:
     pieces = [piece for index in range(len(body)) for piece in decoder.feed(body[index:index + 1])]
     assert b"".join(pieces) == b"hello" + b"z" * 26 and decoder.done
     whole = ChunkDecoder()
-    assert whole.feed(sg.encode_chunk(b"abc") + sg.LAST_CHUNK) == [b"abc"] and whole.done
+    assert whole.feed(http_wire.encode_chunk(b"abc") + http_wire.LAST_CHUNK) == [b"abc"] and whole.done
 
 
 @pytest.mark.parametrize("body", [b"zz\r\n", b"3\r\nabcX\r\n", b"1" * 5000])
@@ -532,16 +523,16 @@ def test_chunk_decoder_errors(body: bytes) -> None:
 
 
 def test_systemctl_metrics_and_progress() -> None:
-    assert sg.parse_systemctl_show("MainPID=4321\nActiveState=active\n") == ("active", 4321)
-    assert sg.parse_systemctl_show("ActiveState=activating\nMainPID=0\n") == ("activating", 0)
+    assert host_observation.parse_systemctl_show("MainPID=4321\nActiveState=active\n") == ("active", 4321)
+    assert host_observation.parse_systemctl_show("ActiveState=activating\nMainPID=0\n") == ("activating", 0)
     text = ("# HELP llamacpp:tokens_predicted_total Number of generation tokens processed.\n"
             "# TYPE llamacpp:tokens_predicted_total counter\nllamacpp:tokens_predicted_total 350\n"
             "llamacpp:prompt_tokens_total 1200\nllamacpp:n_decode_total 332\nllamacpp:requests_processing 1\n")
-    before = sg.parse_metrics(text)
+    before = host_observation.parse_metrics(text)
     assert before["llamacpp:n_decode_total"] == 332.0
-    assert sg.made_progress(before, dict(before)) is False
-    assert sg.made_progress(before, dict(before, **{"llamacpp:n_decode_total": 333.0})) is True
-    assert sg.made_progress(before, None) is None and sg.made_progress({}, {}) is None
+    assert host_observation.made_progress(before, dict(before)) is False
+    assert host_observation.made_progress(before, dict(before, **{"llamacpp:n_decode_total": 333.0})) is True
+    assert host_observation.made_progress(before, None) is None and host_observation.made_progress({}, {}) is None
 
 
 @pytest.mark.parametrize(("value", "text"), [
@@ -549,50 +540,50 @@ def test_systemctl_metrics_and_progress() -> None:
     (float("nan"), "NaN"), (float("inf"), "+Inf"), (float("-inf"), "-Inf"), (2.0 ** 60, repr(2.0 ** 60)),
 ])
 def test_format_value(value: float, text: str) -> None:
-    assert sg.format_value(value) == text
+    assert gate_metrics.format_value(value) == text
 
 
 def test_the_gates_metrics_path_is_the_one_prometheus_scrapes() -> None:
     from llamafleet.core import constants
-    assert sg.GATE_METRICS_PATH == constants.GATE_METRICS_PATH
+    assert gate_metrics.GATE_METRICS_PATH == constants.GATE_METRICS_PATH
 
 
 def test_main_start_reads_systemds_monotonic_start() -> None:
     text = "MainPID=4321\nActiveState=active\nExecMainStartTimestampMonotonic=5123456789\n"
-    assert sg.parse_systemctl_show(text) == ("active", 4321)
-    assert sg.main_start(text) == pytest.approx(5123.456789)
-    assert sg.main_start("MainPID=0\nExecMainStartTimestampMonotonic=0\n") is None
-    assert sg.main_start("MainPID=0\n") is None
-    assert sg.systemctl_show_argv("llama-server.service") == [
+    assert host_observation.parse_systemctl_show(text) == ("active", 4321)
+    assert host_observation.main_start(text) == pytest.approx(5123.456789)
+    assert host_observation.main_start("MainPID=0\nExecMainStartTimestampMonotonic=0\n") is None
+    assert host_observation.main_start("MainPID=0\n") is None
+    assert host_observation.systemctl_show_argv("llama-server.service") == [
         "systemctl", "show", "--property=MainPID,ActiveState,ExecMainStartTimestampMonotonic", "--", "llama-server.service"]
 
 
 def test_track_load_times_each_process_from_its_start_to_its_first_health_200() -> None:
-    clock = sg.LoadClock()
+    clock = gate_metrics.LoadClock()
     # systemd started pid 100 at monotonic 50; the gate sees it starting, loading, then ready at 62.5
-    clock = sg.track_load(clock, 100, 50.0, "refused", 51.0, 1000.0)
-    clock = sg.track_load(clock, 100, 50.0, 503, 55.0, 1004.0)
+    clock = gate_metrics.track_load(clock, 100, 50.0, "refused", 51.0, 1000.0)
+    clock = gate_metrics.track_load(clock, 100, 50.0, 503, 55.0, 1004.0)
     assert (clock.pid, clock.ready, clock.last_seconds, clock.loads) == (100, False, None, 0)
-    clock = sg.track_load(clock, 100, 50.0, 200, 62.5, 1011.5)
+    clock = gate_metrics.track_load(clock, 100, 50.0, 200, 62.5, 1011.5)
     assert (clock.ready, clock.last_seconds, clock.ready_at, clock.loads) == (True, 12.5, 1011.5, 1)
     # later polls of the same process change nothing (a /health blip is no new load)
-    assert sg.track_load(clock, 100, 50.0, 503, 70.0, 1019.0) == clock
-    assert sg.track_load(clock, 100, 50.0, 200, 80.0, 1029.0) == clock
+    assert gate_metrics.track_load(clock, 100, 50.0, 503, 70.0, 1019.0) == clock
+    assert gate_metrics.track_load(clock, 100, 50.0, 200, 80.0, 1029.0) == clock
     # stopped: the last load is kept; a restart, even with the same pid number, is a new load
-    stopped = sg.track_load(clock, 0, None, None, 90.0, 1039.0)
+    stopped = gate_metrics.track_load(clock, 0, None, None, 90.0, 1039.0)
     assert (stopped.pid, stopped.last_seconds, stopped.loads) == (0, 12.5, 1)
-    again = sg.track_load(sg.track_load(stopped, 100, 95.0, 503, 96.0, 1045.0), 100, 95.0, 200, 99.0, 1048.0)
+    again = gate_metrics.track_load(gate_metrics.track_load(stopped, 100, 95.0, 503, 96.0, 1045.0), 100, 95.0, 200, 99.0, 1048.0)
     assert (again.last_seconds, again.ready_at, again.loads) == (4.0, 1048.0, 2)
     # systemd's start unknown: the load is timed from the first poll that saw the process
-    unknown = sg.track_load(sg.track_load(sg.LoadClock(), 7, None, 503, 10.0, 0.0), 7, None, 200, 13.0, 3.0)
+    unknown = gate_metrics.track_load(gate_metrics.track_load(gate_metrics.LoadClock(), 7, None, 503, 10.0, 0.0), 7, None, 200, 13.0, 3.0)
     assert unknown.last_seconds == 3.0
 
 
 def test_gate_metrics_exposition() -> None:
-    load = sg.LoadClock(pid=9, started=1.0, ready=True, last_seconds=8.12345, ready_at=1795500000.5, loads=2)
-    text = sg.render_exposition(sg.GATE_METRICS, sg.gate_samples(
+    load = gate_metrics.LoadClock(pid=9, started=1.0, ready=True, last_seconds=8.12345, ready_at=1795500000.5, loads=2)
+    text = gate_metrics.render_exposition(gate_metrics.GATE_METRICS, gate_metrics.gate_samples(
         LOADING, 1795500100.0, {"requests": 7, "rejected_503": 2, "aborted": 1}, 3, 1, False, load))
-    values = sg.parse_metrics(text)
+    values = host_observation.parse_metrics(text)
     assert values == {
         'llamafleet_gate_state{state="down"}': 0, 'llamafleet_gate_state{state="loading"}': 1,
         'llamafleet_gate_state{state="serving"}': 0, "llamafleet_gate_state_since_seconds": 1795500100.0,
@@ -603,16 +594,16 @@ def test_gate_metrics_exposition() -> None:
     assert "# TYPE llamafleet_gate_restarts_total counter\n" in text
     assert "# TYPE llamafleet_llama_server_load_seconds gauge\n" in text
     # no load seen yet, degraded mode off: those series are absent rather than made up
-    bare = sg.parse_metrics(sg.render_exposition(sg.GATE_METRICS, sg.gate_samples(
-        DOWN, 0.0, {}, 0, 0, None, sg.LoadClock())))
+    bare = host_observation.parse_metrics(gate_metrics.render_exposition(gate_metrics.GATE_METRICS, gate_metrics.gate_samples(
+        DOWN, 0.0, {}, 0, 0, None, gate_metrics.LoadClock())))
     assert "llamafleet_llama_server_load_seconds" not in bare and "llamafleet_gate_degraded" not in bare
     assert bare["llamafleet_llama_server_loads_total"] == 0
     with pytest.raises(ValueError, match="unknown metric.*nope"):
-        sg.render_exposition(sg.GATE_METRICS, [("nope", {}, 1)])
+        gate_metrics.render_exposition(gate_metrics.GATE_METRICS, [("nope", {}, 1)])
 
 
 def test_render_exposition_escapes_labels_and_help() -> None:
-    text = sg.render_exposition({"m": ("gauge", "a \\ b\nc")}, [("m", {"k": 'x"y\\z\nw'}, 1.5)])
+    text = gate_metrics.render_exposition({"m": ("gauge", "a \\ b\nc")}, [("m", {"k": 'x"y\\z\nw'}, 1.5)])
     assert text == '# HELP m a \\\\ b\\nc\n# TYPE m gauge\nm{k="x\\"y\\\\z\\nw"} 1.5\n'
 
 
@@ -623,21 +614,21 @@ def test_render_exposition_escapes_labels_and_help() -> None:
     (b"Authorization: Bearer wrong\r\nAuthorization: Bearer s3cret\r\n", "s3cret", True),
 ])
 def test_bearer_ok(headers: bytes, key: str | None, ok: bool) -> None:
-    assert sg.bearer_ok(sg.parse_request_head(b"GET /llamafleet/metrics HTTP/1.1\r\n" + headers + b"\r\n"), key) is ok
+    assert gate_metrics.bearer_ok(http_wire.parse_request_head(b"GET /llamafleet/metrics HTTP/1.1\r\n" + headers + b"\r\n"), key) is ok
 
 
 def test_admission_and_retry_after() -> None:
-    health = sg.parse_request_head(b"GET /health HTTP/1.1\r\n\r\n")
-    chat = sg.parse_request_head(b"POST /v1/chat/completions HTTP/1.1\r\n\r\n")
-    assert [sg.admission(state, health) for state in (SERVING, LOADING, DOWN)] == [True, True, False]
-    assert [sg.admission(state, chat) for state in (SERVING, LOADING, DOWN)] == [True, True, False]
-    assert sg.retry_after(LOADING) < sg.retry_after(DOWN)
+    health = http_wire.parse_request_head(b"GET /health HTTP/1.1\r\n\r\n")
+    chat = http_wire.parse_request_head(b"POST /v1/chat/completions HTTP/1.1\r\n\r\n")
+    assert [gate_decision.admission(state, health) for state in (SERVING, LOADING, DOWN)] == [True, True, False]
+    assert [gate_decision.admission(state, chat) for state in (SERVING, LOADING, DOWN)] == [True, True, False]
+    assert gate_decision.retry_after(LOADING) < gate_decision.retry_after(DOWN)
 
 
 def test_write_json_atomic(tmp_path: Path) -> None:
     target = tmp_path / "run" / "gate-state.json"
-    sg.write_json_atomic(str(target), {"state": "down"})
-    sg.write_json_atomic(str(target), {"state": "serving"})
+    atomic_file.write_json_atomic(str(target), {"state": "down"})
+    atomic_file.write_json_atomic(str(target), {"state": "serving"})
     assert json.loads(target.read_text()) == {"state": "serving"}
     assert [path.name for path in target.parent.iterdir()] == ["gate-state.json"]
 
@@ -665,8 +656,8 @@ class FakeLlamaServer:
         except asyncio.IncompleteReadError:
             return
         self.heads.append(head)
-        req = sg.parse_request_head(head)
-        framing, length = sg.request_body(req)
+        req = http_wire.parse_request_head(head)
+        framing, length = http_wire.request_body(req)
         body = b""
         if framing == "length":
             body = await reader.readexactly(length)
@@ -691,16 +682,16 @@ class FakeLlamaServer:
     async def route_stream(self, reader: Any, writer: asyncio.StreamWriter, body: bytes) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
         for index in range(3):
-            writer.write(sg.encode_chunk(b'data: {"content":"t%d"}\n\n' % index))
+            writer.write(http_wire.encode_chunk(b'data: {"content":"t%d"}\n\n' % index))
             await writer.drain()
             await asyncio.sleep(0.4)
-        writer.write(sg.LAST_CHUNK)
+        writer.write(http_wire.LAST_CHUNK)
         await writer.drain()
         self.finished["stream"] = time.monotonic()
 
     async def route_hang(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-        writer.write(sg.encode_chunk(b'data: {"content":" the"}\n\n'))
+        writer.write(http_wire.encode_chunk(b'data: {"content":" the"}\n\n'))
         await writer.drain()
         await self._until_closed(reader)
 
@@ -819,7 +810,7 @@ def test_down_answers_503_at_once_and_health_says_why() -> None:
             status, headers, body = _json_answer(await _exchange(gate, raw))
             assert time.monotonic() - start < 0.5
             assert (status, headers["Retry-After"], headers["Content-Type"]) == (
-                503, str(sg.RETRY_AFTER[DOWN]), "application/json; charset=utf-8")
+                503, str(gate_decision.RETRY_AFTER[DOWN]), "application/json; charset=utf-8")
             assert body == {"error": {"code": 503, "type": "unavailable_error", "message":
                                       "llamafleet: worker lab3 (10.77.0.13:50052) stopped acknowledging"}}
         assert upstream.heads == [] and gate.counters["rejected_503"] == 3
@@ -830,14 +821,14 @@ def test_down_answers_503_at_once_and_health_says_why() -> None:
 def test_the_gate_answers_its_own_metrics_in_every_state_with_the_key() -> None:
     async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
         gate.metrics_key = lambda: "s3cret"
-        gate.metrics_text = lambda: sg.render_exposition(sg.GATE_METRICS, sg.gate_samples(
-            gate.state, gate.since, gate.counters, gate.in_flight, 0, None, sg.LoadClock()))
+        gate.metrics_text = lambda: gate_metrics.render_exposition(gate_metrics.GATE_METRICS, gate_metrics.gate_samples(
+            gate.state, gate.since, gate.counters, gate.in_flight, 0, None, gate_metrics.LoadClock()))
         gate.set_state(DOWN, "worker lab3 is gone")
         ask = b"GET /llamafleet/metrics HTTP/1.1\r\nHost: gate\r\n%s\r\n"
         data = await _exchange(gate, ask % b"Authorization: Bearer s3cret\r\n")
         head, body = data.split(b"\r\n\r\n", 1)
         assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"Content-Type: text/plain; version=0.0.4" in head
-        values = sg.parse_metrics(body.decode())
+        values = host_observation.parse_metrics(body.decode())
         assert values['llamafleet_gate_state{state="down"}'] == 1 and values["llamafleet_gate_requests_total"] == 0
         status, _headers, error = _json_answer(await _exchange(gate, ask % b""))
         assert (status, error["error"]["type"]) == (401, "authentication_error")
@@ -891,7 +882,7 @@ def test_in_flight_stream_gets_an_error_event_when_the_cluster_goes_down() -> No
         assert time.monotonic() - start < gate.cfg.deadline
         events = _dechunk(first + rest).split(b"\n\n")
         assert events[0] == b'data: {"content":" the"}' and events[2] == b""
-        assert json.loads(events[1][len(b"data: "):]) == sg.error_object(503, "worker lab3 stopped acknowledging")
+        assert json.loads(events[1][len(b"data: "):]) == http_wire.error_object(503, "worker lab3 stopped acknowledging")
         await asyncio.wait_for(upstream.closed_by_peer.wait(), 1)
         assert gate.counters["aborted"] == 1 and gate.in_flight == 0
         writer.close()
@@ -943,7 +934,7 @@ def test_closed_upstream_port_answers_not_running() -> None:
         upstream.server.close()
         await upstream.server.wait_closed()
         status, headers, body = _json_answer(await _exchange(gate, CHAT))
-        assert (status, body["error"]["message"]) == (503, "llamafleet: " + sg.NOT_RUNNING)
+        assert (status, body["error"]["message"]) == (503, "llamafleet: " + gate_proxy.NOT_RUNNING)
         assert "Retry-After" in headers
 
     _run(scenario)
@@ -1009,11 +1000,11 @@ def test_set_state_logs_and_refuses_unknown_states(capsys: pytest.CaptureFixture
         gate.set_state("broken", "x")
 
 
-def _watchdog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ss_text: str) -> tuple[sg.Watchdog, list[int]]:
+def _watchdog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ss_text: str) -> tuple[gate_watchdog.Watchdog, list[int]]:
     """A watchdog whose llama-server is active and healthy and whose ``ss`` shows ``ss_text``; restarts
     are recorded, not done."""
     cfg = dataclasses.replace(CFG, state_file=str(tmp_path / "gate-state.json"))
-    dog = sg.Watchdog(Gate(cfg, clock=lambda: 1000.0), cfg)
+    dog = gate_watchdog.Watchdog(Gate(cfg, clock=lambda: 1000.0), cfg)
     killed: list[int] = []
 
     async def process() -> tuple[str, int]:
@@ -1033,7 +1024,7 @@ def _watchdog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ss_text: str) -> 
     return dog, killed
 
 
-def _two_polls(dog: sg.Watchdog) -> list[Decision]:
+def _two_polls(dog: gate_watchdog.Watchdog) -> list[Decision]:
     async def polls() -> list[Decision]:
         return [await dog.poll(), await dog.poll()]
 
@@ -1071,7 +1062,7 @@ def test_watchdog_pings_the_host_of_a_link_waiting_for_an_answer(tmp_path: Path,
         pinged.append(address)
         return False
 
-    monkeypatch.setattr(sg, "icmp_echo", echo)
+    monkeypatch.setattr(gate_watchdog, "icmp_echo", echo)
     if answered:
         dog.pinger.answered.add("10.77.0.13")
     first, second = _two_polls(dog)
@@ -1110,7 +1101,7 @@ def test_canary_miss_compares_metrics(tmp_path: Path, moving: bool) -> None:
         upstream = StuckLlamaServer(moving)
         cfg = dataclasses.replace(CFG, upstream_host="127.0.0.1", upstream_port=await upstream.start(),
                                   canary_deadline=0.3, api_key_file=str(key))
-        outcome = await sg.Watchdog(Gate(cfg), cfg).canary(1234)
+        outcome = await gate_watchdog.Watchdog(Gate(cfg), cfg).canary(1234)
         assert upstream.server is not None
         upstream.server.close()
         assert [head.split(b"\r\n")[0] for head in upstream.heads] == [
@@ -1219,7 +1210,7 @@ TWO = {"listen_port": 8080, "upstream_port": 18080, "unit": "llamafleet-llama-se
 
 def test_degrade_config() -> None:
     cfg = load_config(dict(TWO, degrade=DEGRADE))
-    assert cfg.degrade == sg.Degrade({"lab2": None, "lab3": "without-lab3"},
+    assert cfg.degrade == gate_config.Degrade({"lab2": None, "lab3": "without-lab3"},
                                      {"lab2": "the model does not fit without lab2"},
                                      "/run/llamafleet-gate/plan-request.json",
                                      ("/usr/bin/python3", "/usr/local/libexec/llamafleet/rpc_proto.py"))
@@ -1244,25 +1235,25 @@ def test_degrade_config_errors(change: dict[str, Any], message: str) -> None:
 
 def test_left_out_and_degrade_choice() -> None:
     deg = load_config(dict(TWO, degrade=DEGRADE)).degrade
-    assert sg.left_out(LAB, LAB) is None and sg.left_out(LAB, LAB[:1]) == "lab3" and sg.left_out(LAB, ()) is None
-    assert sg.degrade_choice(deg, {"lab2": True, "lab3": True}) == (None, "")
-    assert sg.degrade_choice(deg, {"lab2": True, "lab3": False}) == (
+    assert link_state.left_out(LAB, LAB) is None and link_state.left_out(LAB, LAB[:1]) == "lab3" and link_state.left_out(LAB, ()) is None
+    assert gate_decision.degrade_choice(deg, {"lab2": True, "lab3": True}) == (None, "")
+    assert gate_decision.degrade_choice(deg, {"lab2": True, "lab3": False}) == (
         "without-lab3", "worker lab3 does not answer HELLO: serving degraded without it (plan without-lab3)")
-    assert sg.degrade_choice(deg, {"lab2": False, "lab3": True}) == (
+    assert gate_decision.degrade_choice(deg, {"lab2": False, "lab3": True}) == (
         None, "not serving degraded without lab2: the model does not fit without lab2")
-    assert sg.degrade_choice(deg, {"lab2": False, "lab3": False})[1].startswith(
+    assert gate_decision.degrade_choice(deg, {"lab2": False, "lab3": False})[1].startswith(
         "not serving degraded: 2 worker hosts do not answer HELLO (lab2, lab3)")
 
 
 def test_switch_plan_takes_only_plans_the_deploy_wrote(tmp_path: Path) -> None:
     (tmp_path / "without-lab3.conf").write_text("[Service]\nExecStart=\n")
-    assert sg.switch_plan({"plan": "without-lab3"}, str(tmp_path), None) == (
+    assert plan_switch.switch_plan({"plan": "without-lab3"}, str(tmp_path), None) == (
         "[Service]\nExecStart=\n", "plan without-lab3 (%s/without-lab3.conf)" % tmp_path)
-    assert sg.switch_plan({"plan": "full"}, str(tmp_path), "x") == (None, "the full plan")
+    assert plan_switch.switch_plan({"plan": "full"}, str(tmp_path), "x") == (None, "the full plan")
     for request, message in [({"plan": "without-lab9"}, "no plan without-lab9"), ({"plan": "../x"}, "not a plan name"),
                              ({}, "must be")]:
         with pytest.raises(ValueError, match=re.escape(message)):
-            sg.switch_plan(request, str(tmp_path), None)
+            plan_switch.switch_plan(request, str(tmp_path), None)
 
 
 def test_switch_main_puts_the_drop_in_in_place_and_restarts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1270,17 +1261,17 @@ def test_switch_main_puts_the_drop_in_in_place_and_restarts(tmp_path: Path, monk
     plans.mkdir()
     (plans / "without-lab3.conf").write_text("[Service]\nExecStart=\nExecStart=/bin/true\n")
     commands: list[list[str]] = []
-    monkeypatch.setattr(sg, "command_output", lambda argv: commands.append(argv) or "")
+    monkeypatch.setattr(plan_switch, "command_output", lambda argv: commands.append(argv) or "")
     argv = ["switch", "--request", str(request), "--plans", str(plans), "--dropin", str(dropin), "--unit", "x.service"]
-    assert sg.main(argv) == 0 and not dropin.exists() and commands == []  # no request: nothing
+    assert serving_gate.main(argv) == 0 and not dropin.exists() and commands == []  # no request: nothing
     request.write_text(json.dumps({"plan": "without-lab3", "reason": "lab3 is gone"}))
-    assert sg.main(argv) == 0 and dropin.read_text() == "[Service]\nExecStart=\nExecStart=/bin/true\n"
+    assert serving_gate.main(argv) == 0 and dropin.read_text() == "[Service]\nExecStart=\nExecStart=/bin/true\n"
     assert commands == [["systemctl", "daemon-reload"], ["systemctl", "restart", "--no-block", "x.service"]]
-    assert sg.main(argv) == 0 and len(commands) == 2  # already in place: no restart
+    assert serving_gate.main(argv) == 0 and len(commands) == 2  # already in place: no restart
     request.write_text(json.dumps({"plan": "full"}))
-    assert sg.main(argv) == 0 and not dropin.exists() and len(commands) == 4
+    assert serving_gate.main(argv) == 0 and not dropin.exists() and len(commands) == 4
     request.write_text(json.dumps({"plan": "without-nobody"}))
-    assert sg.main(argv) == 1 and not dropin.exists() and len(commands) == 4
+    assert serving_gate.main(argv) == 1 and not dropin.exists() and len(commands) == 4
 
 
 def test_watchdog_serves_degraded_and_restores_the_full_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1290,7 +1281,7 @@ def test_watchdog_serves_degraded_and_restores_the_full_plan(tmp_path: Path, mon
     request = tmp_path / "plan-request.json"
     deg = dict(DEGRADE, request_file=str(request), after=0.01, probe_interval=0.01, return_probes=2)
     cfg = dataclasses.replace(load_config(dict(TWO, degrade=deg)), state_file=str(tmp_path / "state.json"))
-    dog = sg.Watchdog(Gate(cfg, clock=lambda: 1000.0), cfg)
+    dog = gate_watchdog.Watchdog(Gate(cfg, clock=lambda: 1000.0), cfg)
     world = {"active": "activating", "pid": 0, "rpc": LAB, "lab3": False}
     probed: list[str] = []
 
@@ -1303,7 +1294,7 @@ def test_watchdog_serves_degraded_and_restores_the_full_plan(tmp_path: Path, mon
     async def connections() -> list[dict[str, Any]]:
         return parse_ss("\n".join(_ss_line("%s:%d" % (w.address, w.port)) for w in world["rpc"]))
 
-    async def probe_host(deg: sg.Degrade, host: str) -> bool:
+    async def probe_host(deg: gate_config.Degrade, host: str) -> bool:
         probed.append(host)
         return host != "lab3" or bool(world["lab3"])
 

@@ -24,6 +24,7 @@ from llamafleet.core.constants import (
 from llamafleet.core.llama_flags import FlagError
 from llamafleet.core.systemd_unit import (
     BACKEND_DEVICE_NODES,
+    GATE_LIMIT_NOFILE,
     HARDENING,
     UnitError,
     device_policy,
@@ -380,6 +381,17 @@ def test_gate_unit_runs_the_gate_as_llama_servers_user_with_a_runtime_folder() -
     # no device at all: the CPU policy
     assert not [node for nodes in NODES.values() for node in nodes if reachable(unit, node)]
     assert unit.startswith("# managed\n")
+
+
+def test_gate_unit_sets_its_open_files_on_purpose() -> None:
+    """LimitNOFILE well above systemd's default soft limit (1024, which ran out near 1,000 idle connections), with
+    the reason in the unit itself; the other units keep systemd's default."""
+    unit = render_gate_unit()
+    assert ("Service", "LimitNOFILE", str(GATE_LIMIT_NOFILE)) in directives(unit) and GATE_LIMIT_NOFILE >= 16 * 1024
+    assert "# Limits, on purpose. LimitNOFILE=%d:" % GATE_LIMIT_NOFILE in unit
+    assert not [key for _section, key, _value in directives(unit) if key in ("MemoryMax", "TasksMax")]
+    assert "LimitNOFILE" not in render_rpc_guard_unit({50052: "u.service"})
+    assert "LimitNOFILE" not in render_systemd_unit(["/bin/true"])
 
 
 @pytest.mark.parametrize("name", ["../etc", "a/b", "", "x y"])

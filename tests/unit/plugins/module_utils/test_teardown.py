@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llamafleet.core import constants as c
-from llamafleet.core.serving_gate import ping_group_range
+from llamafleet.core.host_observation import ping_group_range
 from llamafleet.core.teardown import (
     EMPTY_PING_GROUP_RANGE,
     namespace_parents,
