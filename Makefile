@@ -21,7 +21,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export LLAMAFLEET_CACHE := $(CACHE)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-DEBIAN_PACKAGES := systemd-container debootstrap openssh-client iproute2 ccache curl rsync gcc make git
+DEBIAN_PACKAGES := systemd-container debootstrap openssh-client iproute2 ccache curl rsync gcc make git haproxy
 
 .PHONY: help demo test check deps venv lint sanity unit min-ansible-test lab-test e2e-test partition-test llamacpp-local-test molecule-test bench clean-lab
 

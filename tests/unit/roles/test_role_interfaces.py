@@ -42,7 +42,7 @@ def _role_files(role: str) -> list[Path]:
 
 
 def test_the_public_roles() -> None:
-    assert PUBLIC == ["bench", "llama_server", "llamacpp_build", "model", "monitoring", "rpc_server"]
+    assert PUBLIC == ["bench", "edge", "llama_server", "llamacpp_build", "model", "monitoring", "rpc_server"]
 
 
 # Task keywords whose values are bare Jinja expressions.

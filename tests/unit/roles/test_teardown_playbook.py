@@ -52,7 +52,7 @@ def test_the_first_play_only_looks_on_every_host_and_stops_all() -> None:
 
 
 def test_every_deployed_role_is_torn_down_model_before_llama_server() -> None:
-    assert sorted(DEPLOY_ROLES) == ["llama_server", "llamacpp_build", "model", "rpc_server"]
+    assert sorted(DEPLOY_ROLES) == ["edge", "llama_server", "llamacpp_build", "model", "rpc_server"]
     included = [role for play in PLAYS[1:] for role, entry in _includes(play["tasks"]) if entry == "teardown"]
     assert sorted(included) == sorted(DEPLOY_ROLES)
     assert included.index("model") < included.index("llama_server")

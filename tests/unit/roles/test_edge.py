@@ -1,0 +1,273 @@
+"""The edge role's HAProxy configuration, rendered by a real ansible-playbook run from the role's template and
+defaults, run by Debian's haproxy on loopback in front of a stand-in gate that records what reaches it, and attacked
+by the hostile suite (llamafleet.bench.hostile): every case answered as expected, no keyless request behind the edge,
+one address's 1,000 trickling connections leave another served within 1 s, and the edge's cost on loopback."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from llamafleet.bench import hostile
+from tests.unit.needs import require
+
+REPO = Path(__file__).resolve().parents[3]
+BIN = Path(sys.executable).parent
+KEY = "k3y-Of-The-Edge-0123456789"
+HEAD_TIMEOUT = 2
+MAX_BODY = 65536
+RATE = 400
+
+PLAY = """\
+- name: Render the edge's configuration
+  hosts: localhost
+  gather_facts: false
+  vars_files: [{defaults}]
+  tasks:
+    - name: The role's template, checked by haproxy -c as the role installs it
+      ansible.builtin.template:
+        src: {template}
+        dest: {dest}
+        mode: "0600"
+        validate: haproxy -c -f %s
+"""
+
+
+class Gate(BaseHTTPRequestHandler):
+    """A stand-in for the serving gate: records each request's path and Authorization, answers 200."""
+
+    protocol_version = "HTTP/1.1"
+    # the head and body in one write, at once (no delayed-ACK stall that would hide the edge's cost)
+    wbufsize = 65536
+    disable_nagle_algorithm = True
+    seen: list[tuple[str, str | None, str | None]] = []
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        Gate.seen.append((self.path, self.headers.get("Authorization"), self.headers.get("X-Forwarded-For")))
+        body = b'{"data":[]}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_GET = do_POST = do_HEAD = do_OPTIONS = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class GateServer(ThreadingHTTPServer):
+    """The stand-in gate's server: HAProxy closing an idle pooled connection with a reset is not an error here."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_port(port: int, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError("nothing listens on 127.0.0.1:%d" % port)
+
+
+def render(tmp: Path, values: dict) -> Path:
+    """The role's template rendered with the role's defaults and ``values`` by ansible-playbook."""
+    (tmp / "values.json").write_text(json.dumps(values), encoding="utf-8")
+    dest = tmp / "haproxy.cfg"
+    (tmp / "play.yml").write_text(PLAY.format(defaults=REPO / "roles/edge/defaults/main.yml",
+                                              template=REPO / "roles/edge/templates/haproxy.cfg.j2", dest=dest),
+                                  encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env.update(ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                           "-e", "ansible_python_interpreter=" + sys.executable, "-e", "@" + str(tmp / "values.json"),
+                           str(tmp / "play.yml")], cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return dest
+
+
+@pytest.fixture(scope="module")
+def edge(tmp_path_factory: pytest.TempPathFactory):
+    require(shutil.which("haproxy"), "Debian's haproxy package (apt-get install haproxy)")
+    tmp = tmp_path_factory.mktemp("edge")
+    (tmp / "api-key").write_text(KEY + "\n", encoding="utf-8")
+    gate = GateServer(("127.0.0.1", 0), Gate)
+    threading.Thread(target=gate.serve_forever, daemon=True).start()
+    port = free_port()
+    values = {"edge_bind_address": "127.0.0.1", "edge_port": port, "edge_gate_port": gate.server_address[1],
+              "_edge_tls_pem": "", "_edge_key_pattern_file": str(tmp / "api-key"),
+              "edge_max_body_bytes": MAX_BODY, "edge_timeout_head": "%ds" % HEAD_TIMEOUT,
+              "edge_max_requests_per_address": RATE, "edge_maxconn": 4000,
+              "edge_log_target": "stderr format raw", "edge_drop_privileges": False}
+    config = render(tmp, values)
+    log = (tmp / "haproxy.log").open("w")
+    proc = subprocess.Popen(["haproxy", "-db", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_port(port)
+        yield {"port": port, "gate": gate, "log": tmp / "haproxy.log", "config": config}
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()
+        gate.shutdown()
+
+
+def keyed_get(port: int, path: str = "/v1/models", source: str = "") -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5, source_address=(source, 0) if source else None)
+    try:
+        conn.request("GET", path, headers={"Authorization": "Bearer " + KEY})
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    finally:
+        conn.close()
+
+
+def test_config_keeps_secrets_out(edge) -> None:
+    text = edge["config"].read_text(encoding="utf-8")
+    assert KEY not in text
+    assert "timeout http-request %ds" % HEAD_TIMEOUT in text and "option forwardfor" in text
+
+
+def test_hostile_suite(edge) -> None:
+    Gate.seen.clear()
+    endpoint = hostile.Endpoint("127.0.0.1", edge["port"])
+    results = hostile.run_suite(endpoint, KEY, "127.0.0.1:%d" % edge["port"], MAX_BODY, HEAD_TIMEOUT + 2)
+    print(hostile.table(results))
+    assert len(results) >= 100
+    assert [r.case.name for r in results if not r.ok] == []
+    # behind the edge: only the control cases, each with the key but keyless /health, and the edge's X-Forwarded-For
+    controls = [r.case for r in results if r.case.backend]
+    assert len(Gate.seen) == len(controls), Gate.seen
+    for path, auth, forwarded in Gate.seen:
+        assert path == "/health" or auth.split(" ", 1)[1] == KEY, (path, auth)
+        assert forwarded == "127.0.0.1"
+    assert keyed_get(edge["port"]) == 200
+
+
+def test_forwarded_for_is_the_edges(edge) -> None:
+    Gate.seen.clear()
+    conn = http.client.HTTPConnection("127.0.0.1", edge["port"], timeout=5, source_address=("127.0.0.9", 0))
+    conn.request("GET", "/v1/models", headers={"Authorization": "Bearer " + KEY, "X-Forwarded-For": "10.6.6.6"})
+    assert conn.getresponse().status == 200
+    conn.close()
+    assert Gate.seen[-1][2] == "127.0.0.9"
+
+
+def test_flood_from_one_address_leaves_another_served(edge) -> None:
+    attacker = hostile.Endpoint("127.0.0.1", edge["port"], source="127.0.0.2")
+    client = hostile.Endpoint("127.0.0.1", edge["port"], source="127.0.0.3")
+    report = hostile.flood(attacker, client, KEY, connections=1000, probes=10, deadline=1.0, hold=5.0)
+    print("flood:", report)
+    assert report["ok"], report
+    assert keyed_get(edge["port"], source="127.0.0.2") in (200, 429)
+
+
+def test_request_rate_per_address(edge) -> None:
+    statuses = [keyed_get(edge["port"], source="127.0.0.4") for _index in range(RATE + 20)]
+    assert statuses[:RATE] == [200] * RATE
+    assert 429 in statuses[RATE:]
+    assert keyed_get(edge["port"], source="127.0.0.5") == 200
+
+
+def test_access_log_has_the_address_and_no_key(edge) -> None:
+    keyed_get(edge["port"], "/v1/models?probe=1", source="127.0.0.6")
+    time.sleep(0.2)
+    text = edge["log"].read_text(encoding="utf-8", errors="replace")
+    assert "127.0.0.6:" in text and '"/v1/models"' in text
+    assert KEY not in text and "probe=1" not in text
+
+
+def requests_per_second(port: int, count: int = 400) -> tuple[float, float]:
+    """Sequential keyed GETs on one keep-alive connection: requests/s and the median latency (ms)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5, source_address=("127.0.0.7", 0))
+    times = []
+    for _index in range(count):
+        started = time.perf_counter()
+        conn.request("GET", "/v1/models", headers={"Authorization": "Bearer " + KEY})
+        resp = conn.getresponse()
+        resp.read()
+        assert resp.status == 200
+        times.append(time.perf_counter() - started)
+    conn.close()
+    times.sort()
+    return count / sum(times), times[len(times) // 2] * 1000
+
+
+def test_edge_cost(edge) -> None:
+    direct = requests_per_second(edge["gate"].server_address[1], RATE // 2)
+    through = requests_per_second(edge["port"], RATE // 2)
+    print("loopback, one keep-alive connection: gate alone %.0f req/s (median %.2f ms), through haproxy %.0f req/s "
+          "(median %.2f ms): +%.2f ms a request" % (direct + through + (through[1] - direct[1],)))
+    assert through[1] - direct[1] < 5.0
+
+
+def test_tls_h2_and_keepalive(tmp_path: Path) -> None:
+    require(shutil.which("haproxy") and shutil.which("openssl"), "Debian's haproxy and openssl")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=edge",
+                    "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")], check=True,
+                   capture_output=True)
+    pem = tmp_path / "edge.pem"
+    pem.write_bytes((tmp_path / "cert.pem").read_bytes() + (tmp_path / "key.pem").read_bytes())
+    (tmp_path / "api-key").write_text(KEY + "\n", encoding="utf-8")
+    gate = GateServer(("127.0.0.1", 0), Gate)
+    threading.Thread(target=gate.serve_forever, daemon=True).start()
+    port = free_port()
+    config = render(tmp_path, {"edge_bind_address": "127.0.0.1", "edge_port": port,
+                               "edge_gate_port": gate.server_address[1], "_edge_tls_pem": str(pem),
+                               "_edge_key_pattern_file": str(tmp_path / "api-key"), "edge_maxconn": 1000,
+                               "edge_log_target": "stderr format raw", "edge_drop_privileges": False})
+    proc = subprocess.Popen(["haproxy", "-db", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port)
+        context = ssl.create_default_context(cafile=str(tmp_path / "cert.pem"))
+        context.check_hostname = False
+        context.set_alpn_protocols(["h2", "http/1.1"])
+        with context.wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="edge") as sock:
+            assert sock.selected_alpn_protocol() == "h2"
+        context.set_alpn_protocols(["http/1.1"])
+        conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=5, context=context)
+        first = None
+        for path, status in [("/v1/models", 200), ("/health", 200), ("/llamafleet/metrics", 401), ("/v1/models", 200)]:
+            conn.request("GET", path, headers={"Authorization": "Bearer " + KEY} if status == 200 and path != "/health"
+                         else {})
+            resp = conn.getresponse()
+            resp.read()
+            assert resp.status == status, path
+            first = first or conn.sock
+        assert conn.sock is first  # one connection served them all (keep-alive)
+        conn.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        gate.shutdown()
