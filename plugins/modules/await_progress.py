@@ -13,15 +13,15 @@ version_added: "0.4.0"
 description:
   - Runs on the controller (an action plugin, no module of its own on the host). It waits until the async job
     O(jid) on the host has finished, or until O(url), fetched on the host, answers with one of O(status_code).
-  - Every O(every) seconds it prints one line, C(HOST: WHAT: PHASE, 3m20s elapsed, about 4m20s left (the last run
-    took 7m40s)), in place of a task's C(FAILED - RETRYING) lines. The phase is the last line of O(phase_log) that
+  - "Every O(every) seconds it prints one line, C(HOST: WHAT: PHASE, 3m20s elapsed, about 4m20s left) and the
+    time the last run took, in place of a task's C(FAILED - RETRYING) lines. The phase is the last line of O(phase_log) that
     starts with O(phase_marker), with the build's progress after it (cmake's C([ 45%]) or Ninja's C([12/345]));
     for a URL, the last answer. The estimate is O(estimate), or the newest of the JSON records O(history) whose
-    values equal O(history_match).
+    values equal O(history_match)."
   - After O(timeout) seconds it fails with a message that names the host, the work and the variable O(timeout_var)
     that sets the timeout, with the output of O(diagnose). A job that failed is reported the same way, with its
     return code; the task then fails.
-  - The job is Ansible's own (a task with C(async) and C(poll: 0)); Ansible stops it at its own C(async) time,
+  - The job is Ansible's own (a task with C(async) and C(poll) 0); Ansible stops it at its own C(async) time,
     which should equal O(timeout).
 author: llamafleet maintainers (@llamafleet)
 extends_documentation_fragment:
@@ -34,6 +34,7 @@ attributes:
   diff_mode:
     support: none
   action:
+    description: Indicates this has a corresponding action plugin, so some parts of the work run on the controller.
     support: full
     details: Runs on the controller; the host runs async_status or uri for it.
 options:
