@@ -24,10 +24,12 @@ DOWN = "down"
 STATES = (SERVING, LOADING, DOWN)
 ACTION_NONE = "none"
 ACTION_RESTART = "restart"
+# The reason before the first poll (Memory's and the Gate's).
 STARTING = "the gate is starting"
 # A link must look stalled on this many polls in a row: a snapshot taken right after llama-server sent a
 # request on a link that was idle shows unacked data and an old lastack for one round trip.
 STALL_CONFIRM_POLLS = 2
+# Retry-After seconds of a 503 per state ("busy": the gate's connection cap).
 RETRY_AFTER = {"loading": 10, "down": 15, "busy": 1}
 
 

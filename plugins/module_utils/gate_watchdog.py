@@ -32,6 +32,8 @@ from .http_wire import http_request
 from .link_state import awaiting_workers, count_stalls, left_out, link_names, running_workers, worker_links
 
 
+# How often each worker's host is pinged while its link is quiet, to learn whether it answers ping at all (a host
+# that never did is not judged by ping; host_observation.PING_TIMEOUT is the probe's timeout).
 PING_BASELINE_INTERVAL = 60.0
 HEALTH_TIMEOUT = 2.0
 METRICS_TIMEOUT = 5.0

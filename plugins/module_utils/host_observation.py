@@ -22,9 +22,10 @@ from typing import Any
 from .systemd_show import parse_show, show_argv
 
 
+# Seconds a command (ss, systemctl) may take.
 SUBPROCESS_TIMEOUT = 5.0
-# Liveness probe of a worker's host (ICMP echo): its timeout, and how often each host is pinged while its
-# link is quiet, to learn whether it answers ping at all (a host that never did is not judged by ping).
+# Liveness probe of a worker's host (ICMP echo): its timeout (how often the watchdog pings:
+# gate_watchdog.PING_BASELINE_INTERVAL).
 PING_TIMEOUT = 1.0
 # /metrics counters that move whenever llama-server makes progress (n_decode_total: every llama_decode call).
 PROGRESS_COUNTERS = ("llamacpp:tokens_predicted_total", "llamacpp:prompt_tokens_total", "llamacpp:n_decode_total")

@@ -39,7 +39,8 @@ def switch_plan(request: Any, plans_dir: str, current: str | None) -> tuple[str 
 
 
 def switch_main(argv: list[str]) -> int:
-    """``python3 serving_gate.py switch --request FILE --plans DIR --dropin FILE --unit UNIT`` (root)."""
+    """``python3 -m llamafleet_host.serving_gate switch --request FILE --plans DIR --dropin FILE --unit UNIT``
+    (root)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="llamafleet-plan-switch")

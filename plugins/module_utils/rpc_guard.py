@@ -91,7 +91,7 @@ def guard(servers: dict[int, str], stale: float = DEFAULT_GUARD_STALE, poll: flo
 
 
 def guard_main(argv: list[str]) -> int:
-    """``python3 serving_gate.py guard [--stale S] PORT=UNIT ...``."""
+    """``python3 -m llamafleet_host.serving_gate guard [--stale S] PORT=UNIT ...``."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="llamafleet-rpc-guard",

@@ -87,8 +87,8 @@ async def serve(cfg: Config) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python3 serving_gate.py --config /etc/llamafleet/gate.json`` (or ``guard ...``, see guard_main; or
-    ``switch ...``, see switch_main)."""
+    """``python3 -m llamafleet_host.serving_gate --config /etc/llamafleet/gate.json`` (or ``guard ...``, see
+    rpc_guard.guard_main; or ``switch ...``, see plan_switch.switch_main)."""
     import argparse
 
     argv = sys.argv[1:] if argv is None else argv

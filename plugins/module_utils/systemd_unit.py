@@ -375,8 +375,8 @@ def render_gate_unit(python: Sequence[str] = HOST_PYTHON, module: str = GATE_MOD
 
 def render_rpc_guard_unit(servers: Mapping[int, str], stale: int = GUARD_STALE, python: Sequence[str] = HOST_PYTHON,
                           module: str = GATE_MODULE, user: str = RPC_SERVER_USER, header: str = "") -> str:
-    """The unit of a worker's rpc-server guard (``serving_gate guard``, module_utils/rpc_guard.py), watching each rpc-server
-    port of ``servers`` (port -> unit). It runs as rpc-server's own user, so it may signal it."""
+    """The unit of a worker's rpc-server guard (``serving_gate guard``, module_utils/rpc_guard.py), watching each
+    rpc-server port of ``servers`` (port -> unit). It runs as rpc-server's own user, so it may signal it."""
     if not servers:
         raise UnitError("the guard needs at least one rpc-server (port -> unit)")
     argv = [*python, module, "guard", "--stale", str(int(stale))]

@@ -460,8 +460,8 @@ def test_error_response_and_sse_event() -> None:
 
 def test_request_head_rewriting() -> None:
     req = http_wire.parse_request_head(b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: gate:8080\r\n"
-                                b"Authorization: Bearer s3cret\r\nConnection: keep-alive, X-Hop\r\nKeep-Alive: 5\r\n"
-                                b"X-Hop: 1\r\nExpect: 100-continue\r\nContent-Length: 2\r\nX-Other:  v \r\n\r\n")
+                                       b"Authorization: Bearer s3cret\r\nConnection: keep-alive, X-Hop\r\nKeep-Alive: 5\r\n"
+                                       b"X-Hop: 1\r\nExpect: 100-continue\r\nContent-Length: 2\r\nX-Other:  v \r\n\r\n")
     assert (req.method, req.path, req.version) == ("POST", "/v1/chat/completions", "1.1")
     assert http_wire.request_body(req) == ("length", 2) and http_wire.wants_continue(req)
     assert http_wire.upstream_request_head(req) == (
@@ -471,10 +471,10 @@ def test_request_head_rewriting() -> None:
 
 def test_response_head_rewriting() -> None:
     resp = http_wire.parse_response_head(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nKeep-Alive: timeout=5\r\n"
-                                  b"Connection: keep-alive\r\nTransfer-Encoding: chunked\r\nServer: llama.cpp\r\n\r\n")
+                                         b"Connection: keep-alive\r\nTransfer-Encoding: chunked\r\nServer: llama.cpp\r\n\r\n")
     assert http_wire.client_response_head(resp) == (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                                             b"Transfer-Encoding: chunked\r\nServer: llama.cpp\r\n"
-                                             b"Connection: close\r\n\r\n")
+                                                    b"Transfer-Encoding: chunked\r\nServer: llama.cpp\r\n"
+                                                    b"Connection: close\r\n\r\n")
     assert http_wire.is_event_stream(resp) and http_wire.response_body("GET", resp) == ("chunked", 0)
     assert http_wire.response_body("HEAD", resp) == ("none", 0)
 
@@ -1211,9 +1211,9 @@ TWO = {"listen_port": 8080, "upstream_port": 18080, "unit": "llamafleet-llama-se
 def test_degrade_config() -> None:
     cfg = load_config(dict(TWO, degrade=DEGRADE))
     assert cfg.degrade == gate_config.Degrade({"lab2": None, "lab3": "without-lab3"},
-                                     {"lab2": "the model does not fit without lab2"},
-                                     "/run/llamafleet-gate/plan-request.json",
-                                     ("/usr/bin/python3", "/usr/local/libexec/llamafleet/rpc_proto.py"))
+                                              {"lab2": "the model does not fit without lab2"},
+                                              "/run/llamafleet-gate/plan-request.json",
+                                              ("/usr/bin/python3", "/usr/local/libexec/llamafleet/rpc_proto.py"))
     assert (cfg.degrade.after, cfg.degrade.return_probes) == (45.0, 3)
     assert load_config(dict(TWO, degrade=None)).degrade is None and load_config(TWO).degrade is None
 
