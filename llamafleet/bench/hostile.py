@@ -210,7 +210,8 @@ def cases(host: str, key: str, max_body: int, slow_seconds: float) -> list[Case]
                                        b"x" * (1 << 20)))
 
     # request lines
-    for label, line in [("empty line then garbage", b"\r\n\x16\x03\x01garbage\r\n\r\n"), ("no version", b"GET /\r\n\r\n"),
+    for label, line in [("empty line then garbage", b"\r\n\x16\x03\x01garbage\r\n\r\n"),
+                        ("no version", b"GET /\r\n\r\n"),
                         ("HTTP/0.9", b"GET /\r\n"), ("HTTP/9.9", b"GET / HTTP/9.9\r\n"),
                         ("HTTP/1.1 with junk after", b"GET / HTTP/1.1 junk\r\n"),
 ("space in the path", b"GET /a b HTTP/1.1\r\n"),
@@ -253,13 +254,17 @@ def cases(host: str, key: str, max_body: int, slow_seconds: float) -> list[Case]
             ("CL and TE", ["Content-Length: %d" % len(smuggled), "Transfer-Encoding: chunked"]),
             ("TE and CL", ["Transfer-Encoding: chunked", "Content-Length: 4"]),
             ("TE chunked alone", ["Transfer-Encoding: chunked"]),
-            ("TE xchunked", ["Transfer-Encoding: xchunked"]), ("TE chunked, identity", ["Transfer-Encoding: chunked, identity"]),
-            ("TE identity", ["Transfer-Encoding: identity"]), ("TE empty and chunked", ["Transfer-Encoding:", "Transfer-Encoding: chunked"]),
-            ("TE with a tab", ["Transfer-Encoding:\tchunked"]), ("TE name with a space", ["Transfer-Encoding : chunked"]),
+            ("TE xchunked", ["Transfer-Encoding: xchunked"]),
+            ("TE chunked, identity", ["Transfer-Encoding: chunked, identity"]),
+            ("TE identity", ["Transfer-Encoding: identity"]),
+            ("TE empty and chunked", ["Transfer-Encoding:", "Transfer-Encoding: chunked"]),
+            ("TE with a tab", ["Transfer-Encoding:\tchunked"]),
+            ("TE name with a space", ["Transfer-Encoding : chunked"]),
             ("TE folded", ["Transfer-Encoding: x", " chunked"]),
             ("two CL, different", ["Content-Length: 4", "Content-Length: 5"]),
             ("CL list", ["Content-Length: 4, 5"]), ("CL +4", ["Content-Length: +4"]), ("CL -1", ["Content-Length: -1"]),
-            ("CL hex", ["Content-Length: 0x4"]), ("CL 4 5", ["Content-Length: 4 5"]), ("CL 4.0", ["Content-Length: 4.0"]),
+            ("CL hex", ["Content-Length: 0x4"]), ("CL 4 5", ["Content-Length: 4 5"]),
+            ("CL 4.0", ["Content-Length: 4.0"]),
             ("CL 2**70", ["Content-Length: %d" % 2 ** 70]), ("CL empty", ["Content-Length:"]),
             ("CL superscript two", ["Content-Length: \u00b2"]), ("CL Arabic-Indic four", ["Content-Length: \u0664"]),
             ("CL full-width four", ["Content-Length: \uff14"])]:
@@ -272,8 +277,9 @@ def cases(host: str, key: str, max_body: int, slow_seconds: float) -> list[Case]
 
     # header shapes and sizes
     for label, header in [("64 KiB value", "X-Big: " + "a" * 65536), ("no colon", "NoColon"),
-                          ("space in the name", "Bad Name: x"), ("empty name", ": x"), ("NUL in the value", "X: a\x00b"),
-                          ("CR in the value", "X: a\rb"), ("non-ASCII name", "X-\u00e9: x"), ("folded line", " folded")]:
+                          ("space in the name", "Bad Name: x"), ("empty name", ": x"),
+                          ("NUL in the value", "X: a\x00b"), ("CR in the value", "X: a\rb"),
+                          ("non-ASCII name", "X-\u00e9: x"), ("folded line", " folded")]:
         add("header: %s" % label, _request("GET", "/v1/models", [hst, auth, header]))
     add("header: 500 of them", _request("GET", "/v1/models", [hst, auth] + ["X-%d: y" % i for i in range(500)]))
     add("header: 1 MiB of them", _request("GET", "/v1/models", [hst, auth] + ["X-%d: %s" % (i, "y" * 1000)
@@ -297,7 +303,8 @@ def cases(host: str, key: str, max_body: int, slow_seconds: float) -> list[Case]
 def flood(attacker: Endpoint, client: Endpoint, key: str, connections: int = 1000, probes: int = 10,
           deadline: float = 1.0, hold: float = 10.0, host: str = "localhost") -> dict[str, object]:
     """Hold ``connections`` from ``attacker`` that trickle a header byte a second (a slowloris that reconnects what
-    the edge drops or refuses), and meanwhile send ``probes`` keyed requests from ``client``, each to be answered within ``deadline`` seconds."""
+    the edge drops or refuses), and meanwhile send ``probes`` keyed requests from ``client``, each to be answered
+    within ``deadline`` seconds."""
     socks: list[socket.socket] = []
     counts = {"refused": 0, "dropped": 0}
     stop = threading.Event()
@@ -378,10 +385,12 @@ def table(results: list[Result]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m llamafleet.bench.hostile", description=__doc__.split("\n\n")[0])
     parser.add_argument("url", help="the endpoint, e.g. https://10.0.0.5:8080")
-    parser.add_argument("--key-file", required=True, help="a file holding the API key (never given on the command line)")
+    parser.add_argument("--key-file", required=True,
+                        help="a file holding the API key (never given on the command line)")
     parser.add_argument("--cafile", help="the CA to check an https endpoint's certificate (else unchecked)")
     parser.add_argument("--max-body", type=int, default=8 << 20, help="the edge's body limit, bytes")
-    parser.add_argument("--slow-seconds", type=float, default=12.0, help="how long slow senders trickle (> the head timeout)")
+    parser.add_argument("--slow-seconds", type=float, default=12.0,
+                        help="how long slow senders trickle (> the head timeout)")
     parser.add_argument("--flood", type=int, default=1000, help="idle connections from --flood-source (0: none)")
     parser.add_argument("--flood-source", default="", help="the local address the flood comes from")
     parser.add_argument("--client-source", default="", help="the local address the probes come from")
@@ -393,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results))
     ok = all(r.ok for r in results)
     if args.flood:
-        report = flood(Endpoint.from_url(args.url, args.cafile, args.flood_source), endpoint, key, args.flood, host=host)
+        attacker = Endpoint.from_url(args.url, args.cafile, args.flood_source)
+        report = flood(attacker, endpoint, key, args.flood, host=host)
         print("flood: %s" % report)
         ok = ok and bool(report["ok"])
     return 0 if ok else 1

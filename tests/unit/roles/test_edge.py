@@ -233,7 +233,7 @@ def test_edge_cost(edge) -> None:
 
 
 def test_tls_h2_and_keepalive(tmp_path: Path) -> None:
-    require(shutil.which("haproxy") and shutil.which("openssl"), "Debian's haproxy and openssl")
+    require(shutil.which("haproxy") and shutil.which("openssl") and shutil.which("curl"), "Debian's haproxy, openssl, curl")
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=edge",
                     "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")], check=True,
                    capture_output=True)
@@ -267,6 +267,15 @@ def test_tls_h2_and_keepalive(tmp_path: Path) -> None:
             first = first or conn.sock
         assert conn.sock is first  # one connection served them all (keep-alive)
         conn.close()
+        # a request over HTTP/2 (curl with nghttp2), with and without the key
+        (tmp_path / "auth").write_text("Authorization: Bearer %s\n" % KEY, encoding="utf-8")
+        url = "https://127.0.0.1:%d/v1/models" % port
+        for extra, expected in [(["-H", "@" + str(tmp_path / "auth")], "2 200"), ([], "2 401")]:
+            out = subprocess.run(["curl", "-sS", "--http2", "--cacert", str(tmp_path / "cert.pem"), "--resolve",
+                                  "edge:%d:127.0.0.1" % port, "-o", "/dev/null", "-w", "%{http_version} %{http_code}",
+                                  *extra, url.replace("127.0.0.1", "edge")], capture_output=True, text=True,
+                                 check=True, timeout=10)
+            assert out.stdout == expected, out
     finally:
         proc.terminate()
         proc.wait(10)
