@@ -19,6 +19,7 @@ from ansible.utils.display import Display
 
 from ansible_collections.llamafleet.cluster.plugins.module_utils.await_progress import (
     SAFE_GLOB,
+    answer_of,
     duration,
     failure_message,
     job_failed,
@@ -133,12 +134,12 @@ class ActionModule(ActionBase):
         answer = self._execute_module(module_name="ansible.legacy.uri", task_vars=task_vars,
                                       module_args={"url": args["url"], "status_code": args["status_code"],
                                                    "validate_certs": args["validate_certs"],
-                                                   "timeout": args["request_timeout"]})
+                                                   "timeout": args["request_timeout"], "return_content": True})
         status = answer.get("status", -1)
         if status in args["status_code"]:
             return True, {"status": status, "changed": False}, "HTTP %s" % status
-        last = "HTTP %s" % status if status and status > 0 else str(answer.get("msg") or "no answer")
-        return False, {"status": status}, last
+        return False, {"status": status}, answer_of(status, str(answer.get("content") or ""),
+                                                    str(answer.get("msg") or ""))
 
     def _shell(self, command: str) -> str:
         """stdout of a read-only shell command on the host ("" when it fails)."""

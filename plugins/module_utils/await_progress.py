@@ -81,6 +81,24 @@ def pick_estimate(records: Iterable[Mapping[str, Any]], match: Mapping[str, Any]
     return float(max(fits, key=lambda r: str(r.get(order, "")))[key])
 
 
+def answer_of(status: int, body: str = "", msg: str = "") -> str:
+    """An HTTP answer in words: ``HTTP 503 (Loading model)`` with the message of an error in llama-server's shape
+    (``{"error": {"message"}}``, the gate's too), or why there was none (``no answer: ...``)."""
+    if not status or status < 0:
+        why = msg.split("Request failed:", 1)[-1].strip() if msg else ""
+        return ("no answer: %s" % why[:160]) if why else "no answer"
+    reason = ""
+    try:
+        data = json.loads(body) if body else None
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        error = data.get("error")
+        reason = error.get("message", "") if isinstance(error, dict) else (error or data.get("message") or "")
+    reason = str(reason).strip()[:160]
+    return "HTTP %s (%s)" % (status, reason) if reason else "HTTP %s" % status
+
+
 def progress_line(host: str, what: str, elapsed: float, phase: str | None = None,
                   estimate: float | None = None) -> str:
     """``HOST: WHAT: PHASE, 3m20s elapsed, about 4m20s left (the last run took 7m40s)``."""

@@ -14,9 +14,9 @@ description:
   - Runs on the controller (an action plugin, no module of its own on the host). It waits until the async job
     O(jid) on the host has finished, or until O(url), fetched on the host, answers with one of O(status_code).
   - "Every O(every) seconds it prints one line, C(HOST: WHAT: PHASE, 3m20s elapsed, about 4m20s left) and the
-    time the last run took, in place of a task's C(FAILED - RETRYING) lines. The phase is the last line of O(phase_log) that
-    starts with O(phase_marker), with the build's progress after it (cmake's C([ 45%]) or Ninja's C([12/345]));
-    for a URL, the last answer. The estimate is O(estimate), or the newest of the JSON records O(history) whose
+    time the last run took, in place of a task's C(FAILED - RETRYING) lines. The phase is the last line of
+    O(phase_log) that starts with O(phase_marker), with the build's progress after it (cmake's C([ 45%]) or Ninja's C([12/345]));
+    for a URL, the last answer (its status and error message). The estimate is O(estimate), or the newest of the JSON records O(history) whose
     values equal O(history_match)."
   - After O(timeout) seconds it fails with a message that names the host, the work and the variable O(timeout_var)
     that sets the timeout, with the output of O(diagnose). A job that failed is reported the same way, with its

@@ -134,7 +134,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         first = self.first.setdefault(self.path, time.monotonic())
         ready = self.path == "/later" and time.monotonic() - first >= 4
-        body = b'{"status": "ok"}' if ready else b'{"error": "loading model"}'
+        body = b'{"status": "ok"}' if ready else b'{"error": {"code": 503, "message": "loading model"}}'
         self.send_response(200 if ready else 503)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -201,12 +201,13 @@ def test_url_progress_timeout_and_check_mode(setup: Path) -> None:
     out = proc.stdout
     assert "RETRYING" not in out and "retries left" not in out
     assert "box: the server loading: waiting up to 1m00s (server_timeout)" in out, out
-    assert "box: the server loading: HTTP 503, " in out and "box: the server loading: done in " in out
+    assert "box: the server loading: HTTP 503 (loading model), " in out and "box: the server loading: done in " in out
     assert res["url"]["status"] == 200 and res["url"]["elapsed"] >= 3 and res["url"]["changed"] is False
     stuck = res["stuck"]
     assert stuck["failed"] is True
-    assert stuck["msg"].startswith("box: the stuck server loading did not finish within server_timeout (3 s); "
-                                   "last seen: HTTP 503. Raise server_timeout if it needs longer."), stuck["msg"]
+    assert stuck["msg"].startswith("box: the stuck server loading did not finish within server_timeout (3 s); last "
+                                   "seen: HTTP 503 (loading model). Raise server_timeout if it needs longer."), \
+        stuck["msg"]
     assert "journal lines" in stuck["msg"]
     assert "box: the stuck server loading did not finish within server_timeout" in out
 

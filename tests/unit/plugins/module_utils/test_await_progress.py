@@ -75,6 +75,20 @@ def test_parse_records_of_files_cat_together() -> None:
     assert ap.parse_records("") == []
 
 
+@pytest.mark.parametrize("status, body, msg, words", [
+    (503, '{"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}', "",
+     "HTTP 503 (Loading model)"),
+    (503, '{"error": "the gate is stopping"}', "", "HTTP 503 (the gate is stopping)"),
+    (502, "<html>bad gateway</html>", "", "HTTP 502"),
+    (500, "", "", "HTTP 500"),
+    (-1, "", "Status code was -1 and not [200]: Request failed: <urlopen error [Errno 111] Connection refused>",
+     "no answer: <urlopen error [Errno 111] Connection refused>"),
+    (-1, "", "", "no answer"),
+])
+def test_answer_of(status: int, body: str, msg: str, words: str) -> None:
+    assert ap.answer_of(status, body, msg) == words
+
+
 @pytest.mark.parametrize("elapsed, phase, estimate, line", [
     (200, "build 45%", 460, "lab1: compiling: build 45%, 3m20s elapsed, about 4m20s left (the last run took 7m40s)"),
     (200, None, None, "lab1: compiling, 3m20s elapsed"),
