@@ -88,7 +88,8 @@ options:
     description: Seconds the work took last time (else read from O(history)).
     type: float
   history:
-    description: A glob of JSON records of earlier runs on the host (letters, digits and C(_./*?@+-) only).
+    description: A glob of JSON records of earlier runs on the host (letters, digits and C(_./*?@+-); with other
+      characters there is no estimate).
     type: str
   history_match:
     description: The values a record of O(history) must have to count.
