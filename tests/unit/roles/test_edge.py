@@ -232,6 +232,26 @@ def test_edge_cost(edge) -> None:
     assert through[1] - direct[1] < 5.0
 
 
+def test_gate_not_answering_gets_a_json_503(tmp_path: Path) -> None:
+    require(shutil.which("haproxy"), "Debian's haproxy package (apt-get install haproxy)")
+    port = free_port()
+    config = render(tmp_path, {"edge_bind_address": "127.0.0.1", "edge_port": port, "edge_gate_port": free_port(),
+                               "_edge_tls_pem": "", "_edge_key_pattern_file": "", "edge_maxconn": 1000,
+                               "edge_log_target": "stderr format raw", "edge_drop_privileges": False})
+    proc = subprocess.Popen(["haproxy", "-db", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
+        conn.request("GET", "/health")
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+        assert (resp.status, body["error"]["code"], resp.getheader("Retry-After")) == (503, 503, "5")
+        assert "gate does not answer" in body["error"]["message"]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 def test_tls_h2_and_keepalive(tmp_path: Path) -> None:
     require(shutil.which("haproxy") and shutil.which("openssl") and shutil.which("curl"), "Debian's haproxy, openssl, curl")
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=edge",
