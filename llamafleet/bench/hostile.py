@@ -308,7 +308,10 @@ def flood(attacker: Endpoint, client: Endpoint, key: str, connections: int = 100
     socks: list[socket.socket] = []
     counts = {"refused": 0, "dropped": 0}
     stop = threading.Event()
-    start = b"GET /v1/models HTTP/1.1\r\nHost: " + host.encode() + b"\r\nX: "
+    # on a TLS port the attacker never finishes its handshake: a record header promising 512 bytes, then a byte a
+    # second; on plain HTTP a head that never ends
+    start, drip = ((b"\x16\x03\x01\x02\x00", b"\x01") if attacker.tls
+                   else (b"GET /v1/models HTTP/1.1\r\nHost: " + host.encode() + b"\r\nX: ", b"a"))
 
     def fill() -> None:
         """Open connections until ``connections`` are held (the attacker reconnects what the edge drops)."""
@@ -316,7 +319,8 @@ def flood(attacker: Endpoint, client: Endpoint, key: str, connections: int = 100
             if stop.is_set():
                 return
             try:
-                sock = attacker.connect(5.0)
+                sock = socket.create_connection((attacker.host, attacker.port), timeout=5.0,
+                                                source_address=(attacker.source, 0) if attacker.source else None)
                 sock.sendall(start)
                 socks.append(sock)
             except OSError:
@@ -326,7 +330,7 @@ def flood(attacker: Endpoint, client: Endpoint, key: str, connections: int = 100
         while not stop.wait(1.0):
             for sock in list(socks):
                 try:
-                    sock.send(b"a")
+                    sock.send(drip)
                 except OSError:
                     socks.remove(sock)
                     sock.close()

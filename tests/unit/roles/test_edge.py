@@ -287,6 +287,12 @@ def test_tls_h2_and_keepalive(tmp_path: Path) -> None:
             first = first or conn.sock
         assert conn.sock is first  # one connection served them all (keep-alive)
         conn.close()
+        # 1,000 connections stuck in their TLS handshake from one address; another is served within 1 s
+        report = hostile.flood(hostile.Endpoint("127.0.0.1", port, True, source="127.0.0.2"),
+                               hostile.Endpoint("127.0.0.1", port, True, source="127.0.0.3"),
+                               KEY, connections=1000, probes=5, deadline=1.0, hold=3.0, host="edge")
+        print("TLS flood:", report)
+        assert report["ok"], report
         # a request over HTTP/2 (curl with nghttp2), with and without the key
         (tmp_path / "auth").write_text("Authorization: Bearer %s\n" % KEY, encoding="utf-8")
         url = "https://127.0.0.1:%d/v1/models" % port
