@@ -52,7 +52,7 @@ from llamafleet.lab.memory import PEAK_RSS_COMMAND, oom_kills
 from llamafleet.lab.mirror import publish
 from tests.helpers import INVENTORY, cli, playbook
 
-CTX = 1024
+CTX = 1024  # with a q8_0 KV cache (tests/e2e/test_big_model.py says why)
 CACHE = CACHE_DIR
 MODELS = "/var/lib/llamafleet/models"
 SENT = re.compile(r" INFO (\S+) sent (\d+) bytes of /(\S+)$")
@@ -129,7 +129,7 @@ def main() -> int:
     size = path.stat().st_size
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as extra:
         json.dump({"model_name": BIG_MODEL_NAME, "llama_server_ctx_size": CTX,
-                   "model_files": [{"url": "http://10.77.0.1:8089/models/" + BIG_MODEL.name,
+                   "llama_server_cache_type": "q8_0", "model_files": [{"url": "http://10.77.0.1:8089/models/" + BIG_MODEL.name,
                                     "sha256": BIG_MODEL.sha256}]}, extra)
     # the controller's cached copy goes, so the source is asked again: bytes from the source are measured
     controller_copy = LabPaths.default().root / "models" / BIG_MODEL_NAME

@@ -79,17 +79,17 @@ def make_bad_models(work: Path | None = None) -> tuple[dict[str, BadModel], list
 
     url, sha = put("login.html", HTML_PAGE)
     made["html-page"] = BadModel(url, sha, (
-        "lab1: model_files[0].url %s: not a GGUF file (text/html, starts with '<!DOCTYPE html>')" % url,))
+        "the controller: model_files[0].url %s: not a GGUF file (text/html, starts with '<!DOCTYPE html>')" % url,))
 
     full = model.read_bytes()
     half = full[:len(full) // 2]
     needed = data_end(read_gguf(model, max_array_items=0))
     url, sha = put("gemma-3-270m-half.gguf", half)
     made["truncated-gguf"] = BadModel(url, sha, (
-        "lab1: model_files[0] (%s): the server has %d bytes, the GGUF header needs %d" % (url, len(half), needed),))
+        "the controller: model_files[0] (%s): the server has %d bytes, the GGUF header needs %d" % (url, len(half), needed),))
 
     url, sha = put("unknown-arch.gguf", unknown_architecture_gguf(UNKNOWN_ARCH))
     made["unknown-architecture"] = BadModel(url, sha, (
-        "lab1: model_files[0] (%s): required metadata keys %s.block_count and %s.embedding_length are missing for "
+        "the controller: model_files[0] (%s): required metadata keys %s.block_count and %s.embedding_length are missing for "
         "general.architecture '%s'" % (url, UNKNOWN_ARCH, UNKNOWN_ARCH, UNKNOWN_ARCH),))
     return made, written

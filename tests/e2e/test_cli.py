@@ -82,6 +82,7 @@ def _cli_with(tmp_path, inventory: str, cfg_extra: str = "", **environ: str):
 
     from tests.helpers import BIN, REPO, env
 
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "hosts.ini").write_text(inventory)
     cfg = (REPO / "ansible.cfg").read_text().replace("[defaults]\n", f"[defaults]\n{cfg_extra}\n", 1)
     (tmp_path / "ansible.cfg").write_text(cfg)

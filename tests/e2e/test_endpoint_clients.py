@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -63,7 +64,11 @@ def recipes(deployed, fleet, tmp_path_factory):
                 .replace(EXAMPLE_MODEL, model))
 
     blocks = [(lang, lab(text)) for lang, text in recipe_blocks()]
-    base = dict(env(), HOME=str(home), PATH=f"{BIN}:{os.environ.get('PATH', '')}")
+    # ssh reads ~/.ssh/config from the passwd entry's home, not $HOME: the client's ssh gets its config by -F
+    (home / "bin").mkdir()
+    (home / "bin" / "ssh").write_text(f'#!/bin/sh\nexec {shutil.which("ssh")} -F "$HOME/.ssh/config" "$@"\n')
+    (home / "bin" / "ssh").chmod(0o755)
+    base = dict(env(), HOME=str(home), PATH=f"{home / 'bin'}:{BIN}:{os.environ.get('PATH', '')}")
     proc = subprocess.run(["bash", "-euc", blocks[0][1] + "\nenv -0"], env=base, capture_output=True, timeout=120,
                           check=False)
     assert proc.returncode == 0, proc.stderr.decode()
