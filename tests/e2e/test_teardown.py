@@ -8,7 +8,8 @@ firewall table and the API key come back), and it leaves the lab deployed for LL
 In order, on the 3-host lab (lab1 the orchestrator, two workers):
 - ``--check --diff`` reports changes on every host and changes nothing; the cluster still serves;
 - the default teardown removes every unit, the nftables table, /etc/llamafleet, the helpers and the gate's ping
-  permission (the kernel's range set back), and keeps the users, the model, the weight cache and the builds;
+  permission (the kernel's range set back), and keeps the users, the model (on the orchestrator), the weight cache
+  (a worker's share) and the builds;
 - run again it changes nothing (what it kept shows the hosts were deployed: no force needed);
 - the last worker torn down completely (``--limit``), a run on all hosts fails naming it alone and changes nothing
   anywhere;
@@ -167,7 +168,8 @@ def test_teardown_removes_the_deployment_and_keeps_users_caches_builds(deployed,
         shared = under(found["files"], c.CONFIG_DIR, c.LIBEXEC_DIR, c.RPC_WAIT_HELPER, PING_SYSCTL)
         assert shared == [], (host.name, shared)
         assert under(found["files"], c.LLAMACPP_ROOT + "/current"), (host.name, "the builds should stay")
-        assert under(found["files"], model), (host.name, "the model should stay")
+    # the whole model lives on the orchestrator only (a worker keeps its share, in its weight cache)
+    assert under(after[orch.name]["files"], model), (orch.name, "the model should stay")
     assert any(line.startswith(c.LLAMA_SERVER_USER + ":") for line in after[orch.name]["users"])
     for worker in workers:
         assert any(line.startswith(c.RPC_SERVER_USER + ":") for line in after[worker.name]["users"])
