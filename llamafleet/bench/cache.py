@@ -114,6 +114,15 @@ def run(fleet: Fleet, inventory: Path, cache_root: Path, rate: str = "240mbit") 
     base = deployed_argv(fleet, layout)
     hasher = str(Path(base[0]).parent / "llamafleet-fnv1a64")
     deployed_model = base[base.index("-m") + 1]
+    # the seeded case fills each worker's cache from its own copy of the whole model, which only
+    # model_worker_copy: whole keeps (the default keeps each worker's share alone): say so before anything stops
+    lacking = sorted(name for name, res in fleet.run(f"test -f {shlex.quote(deployed_model)}", fleet.workers).items()
+                     if not res.ok)
+    if lacking:
+        raise UserError(f"{', '.join(lacking)}: no copy of the whole model ({deployed_model}) to seed a cache from; "
+                        "`llamafleet bench cache` needs the deploy's model_worker_copy: whole (the default, share, "
+                        "keeps each worker's share only; benchmarks/big_model.py measures seeded against unseeded "
+                        "loads with the shares)")
     models = {"gemma-3-270m": (deployed_model, base)}
     synth = ensure_synthetic(fleet, inventory, cache_root)
     models["synthetic-llama"] = (synth, replace_flag(replace_flag(base, "-m", synth), "-ts", "1,1"))
