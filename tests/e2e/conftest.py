@@ -2,7 +2,8 @@
 
 The modules run in the order of ``ORDER`` below, the one place it is written (not their file names): each module
 either only reads the deployed lab or puts it back as it found it, and the order keeps the costly shapes apart
-(the mixed Vulkan lab first, while the CPU lab is still to deploy; teardown last, as it takes the cluster away).
+(the mixed Vulkan lab first, while the CPU lab is still to deploy; teardown near the end, as it takes the cluster
+away; the big model last, so nothing after it needs gemma deployed again).
 A module missing from ``ORDER`` fails the collection, so a new one cannot run in an unplanned place.
 It prints the time each module took at the end (setup, calls and teardown together).
 """
@@ -39,8 +40,8 @@ ORDER = [
     "test_weights_local.py",     # reads, and repairs one cache file
     "test_bench.py",
     "test_bench_builds.py",      # both releases side by side: after test_upgrade.py has built the other one
-    "test_big_model.py",         # the 6.41 GiB model over hosts of 4 GiB each, then gemma again
-    "test_teardown.py",          # last: takes the cluster away, then deploys it again
+    "test_teardown.py",          # takes the cluster away, then deploys it again
+    "test_big_model.py",         # last: the 6.41 GiB model over hosts of 4 GiB each, left deployed (no restore)
 ]
 
 _MODULE_SECONDS: dict[str, float] = defaultdict(float)
