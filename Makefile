@@ -23,7 +23,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 DEBIAN_PACKAGES := systemd-container debootstrap openssh-client iproute2 ccache curl rsync gcc make git haproxy
 
-.PHONY: help demo test check deps venv lint sanity unit min-ansible-test lab-test e2e-test partition-test llamacpp-local-test molecule-test bench clean-lab
+.PHONY: help demo test check deps venv lint sanity unit min-ansible-test lab-test e2e-test big-model-test partition-test llamacpp-local-test molecule-test bench clean-lab
 
 help:
 	@echo "make demo   - real 3-host lab on this machine, deploy, a completion from the distributed cluster"
@@ -102,9 +102,17 @@ lab-test: venv
 	@$(BIN)/pytest -q -m "lab and not e2e" tests/integration/test_lab.py
 
 # Every end-to-end module, in tests/e2e/conftest.ORDER; it prints the time of each module and the 25 slowest steps.
+# The modules of tests/e2e/conftest.SEPARATE run by their own targets (big-model-test), not here.
+E2E_SEPARATE := test_big_model.py
+
 e2e-test: venv
 	@echo "==> end-to-end tests: a mixed CPU + Vulkan lab, then deploy.yml and the rest on a 3-host CPU lab (compiles the llama.cpp builds the controller has not cached)"
-	@$(BIN)/pytest -q --durations=25 tests/e2e
+	@$(BIN)/pytest -q --durations=25 $(addprefix --ignore=tests/e2e/,$(E2E_SEPARATE)) tests/e2e
+
+# The 6.41 GiB synthetic model over the 3-host lab of 4 GiB hosts (about 13 minutes with the lab's deploy first).
+big-model-test: venv
+	@echo "==> the big model: 6.41 GiB over three hosts of 4 GiB each"
+	@$(BIN)/pytest -q -s tests/e2e/test_big_model.py
 
 # The 2-minute silent partition of tests/e2e/test_faults.py alone (make test runs it with the other faults).
 partition-test: venv

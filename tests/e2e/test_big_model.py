@@ -4,7 +4,8 @@ Each lab host has an enforced memory limit (``lab up --memory-mib``, 4096 MiB by
 and the model is the 6.41 GiB synthetic llama-2-7B shape in Q8_0 (``llamafleet.lab.artifacts.BIG_MODEL``, made by
 this project's own generator and served by the lab mirror as a model source would). The module deploys it over the
 gemma lab, checks that it serves, that llama.cpp placed what the plan said, that no host went over its limit, and
-that a second deploy changes nothing. It runs last and leaves the big model deployed (`deploy.yml` brings gemma back).
+that a second deploy changes nothing. It leaves the big model deployed (`deploy.yml` brings gemma back). `make
+big-model-test` runs it (not make test: about 11 minutes of moving 6.9 GB around, which CI's time cannot hold).
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ def test_a_context_that_fits_nowhere_is_refused_while_gemma_serves_on(big_model,
 
 @pytest.fixture(scope="module")
 def big_deploy(big_model, fleet):
-    """The lab deployed with the big model, and the OOM kills counted before. The module runs last
-    (tests/e2e/conftest.ORDER), so the big model stays deployed: a plain deploy.yml brings gemma back."""
+    """The lab deployed with the big model, and the OOM kills counted before. It stays deployed: a plain deploy.yml
+    brings gemma back."""
     kills_before = oom_kills()
     started = time.monotonic()
     run = playbook("deploy.yml", "-e", f"@{big_model}", timeout=3600)

@@ -1,7 +1,7 @@
 """teardown.yml end to end on the deployed lab, then deploy.yml again.
 
-Runs next to last (tests/e2e/conftest.ORDER; only the big model after it): teardown takes the cluster away, so a
-failure here must not cascade into the other files (they share one deployed lab, in that order). The last test deploys again and asserts the cluster serves a
+Runs last (tests/e2e/conftest.ORDER): teardown takes the cluster away, so a failure here must not cascade into the
+other files (they share one deployed lab, in that order). The last test deploys again and asserts the cluster serves a
 completion: that a torn-down fleet deploys as before is part of what teardown promises (users, ports, the
 firewall table and the API key come back), and it leaves the lab deployed for LLAMAFLEET_KEEP_LAB=1 runs.
 
