@@ -23,7 +23,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 DEBIAN_PACKAGES := systemd-container debootstrap openssh-client iproute2 ccache curl rsync gcc make git haproxy
 
-.PHONY: help demo test check deps venv lint sanity unit min-ansible-test lab-test e2e-test big-model-test partition-test llamacpp-local-test molecule-test bench clean-lab
+.PHONY: help demo test check deps venv lint sanity unit min-ansible-test lab-test e2e-test separate-e2e-test bench-builds-test big-model-test partition-test llamacpp-local-test molecule-test bench clean-lab
 
 help:
 	@echo "make demo   - real 3-host lab on this machine, deploy, a completion from the distributed cluster"
@@ -102,12 +102,21 @@ lab-test: venv
 	@$(BIN)/pytest -q -m "lab and not e2e" tests/integration/test_lab.py
 
 # Every end-to-end module, in tests/e2e/conftest.ORDER; it prints the time of each module and the 25 slowest steps.
-# The modules of tests/e2e/conftest.SEPARATE run by their own targets (big-model-test), not here.
-E2E_SEPARATE := test_big_model.py
+# The modules of tests/e2e/conftest.SEPARATE run by their own targets (separate-e2e-test, each alone), not here.
+E2E_SEPARATE := test_bench_builds.py test_big_model.py
 
 e2e-test: venv
 	@echo "==> end-to-end tests: a mixed CPU + Vulkan lab, then deploy.yml and the rest on a 3-host CPU lab (compiles the llama.cpp builds the controller has not cached)"
 	@$(BIN)/pytest -q --durations=25 $(addprefix --ignore=tests/e2e/,$(E2E_SEPARATE)) tests/e2e
+
+# What make test leaves out (CI's time): the two builds in one bench, then the big model (about 20 minutes).
+separate-e2e-test: venv
+	@echo "==> end-to-end modules make test leaves out: $(E2E_SEPARATE)"
+	@$(BIN)/pytest -q --durations=10 $(addprefix tests/e2e/,$(E2E_SEPARATE))
+
+# Both llama.cpp releases side by side in one bench.yml run (compiles the other release if the cache lacks it).
+bench-builds-test: venv
+	@$(BIN)/pytest -q -s tests/e2e/test_bench_builds.py
 
 # The 6.41 GiB synthetic model over the 3-host lab of 4 GiB hosts (about 13 minutes with the lab's deploy first).
 big-model-test: venv
