@@ -45,6 +45,7 @@ ORDER = [
 # Modules make e2e-test leaves out, run by make separate-e2e-test (in this order) and each by its own target: with
 # them make test would not end within CI's 90 minutes on a 2-core machine (README, "Test times").
 SEPARATE = {
+    "test_share_replan.py": "make separate-e2e-test",  # fewest_hops and back: only the difference moves
     "test_bench_builds.py": "make bench-builds-test",  # both releases side by side (compiles the other one if needed)
     "test_big_model.py": "make big-model-test",  # the 6.41 GiB model over hosts of 4 GiB each, left deployed
 }
