@@ -180,8 +180,10 @@ def keep_limit(name: str, init_pid: int, mib: int | None, say: Callable[[str], N
         say(f"==> {name}: memory limit {current or 'none'} -> {mib or 'none'} MiB")
 
 
-# Each rpc-server's peak resident memory on a host (kB lines), for comparing with the host's limit.
-PEAK_RSS_COMMAND = "for p in $(pgrep -x rpc-server); do grep VmHWM /proc/$p/status; done"
+# Each rpc-server unit's peak resident memory on a host (kB lines), for comparing with the host's limit (by the units'
+# main pids: the process is not named rpc-server).
+PEAK_RSS_COMMAND = ("for u in $(systemctl list-units --plain --no-legend 'llamafleet-rpc-server*.service' | cut -d' ' -f1); "
+                    "do grep VmHWM /proc/$(systemctl show -p MainPID --value $u)/status; done")
 
 
 def oom_kills() -> dict[str, int]:
