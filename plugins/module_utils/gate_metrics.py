@@ -2,7 +2,8 @@
 # Copyright: llamafleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Prometheus text exposition: the renderer (the gate's own metrics, and the workers', rpc_metrics.py), the gate's
-metrics (:data:`GATE_METRICS`) and the model-load clock behind them, and the answer to :data:`GATE_METRICS_PATH`.
+metrics (:data:`GATE_METRICS`: its state, the model loads and the clock behind them, each worker link's figures from
+the kernel), and the answer to :data:`GATE_METRICS_PATH`.
 
 Part of the serving gate (see serving_gate.py for the map of its modules); stdlib only, runs on the hosts.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import hmac
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from .gate_decision import STATES
 from .http_wire import RequestHead, error_response
@@ -40,6 +41,36 @@ GATE_METRICS: dict[str, tuple[str, str]] = {
     "llamafleet_llama_server_ready_since_seconds": (
         "gauge", "Unix time llama-server's last load ended (its first /health 200)."),
     "llamafleet_llama_server_loads_total": ("counter", "Model loads the gate saw end since it started."),
+    # Each worker's link from llama-server as the kernel sees it (ss -tin, the watchdog's last poll), label worker
+    # ("host:port"); see link_samples. Absent while ss gives no answer; the tcp_info series absent while the link is
+    # lost. The counters are the kernel's: they start again at 0 with each new connection (a restart).
+    "llamafleet_gate_link_connected": (
+        "gauge", "1 while llama-server holds an established connection to the worker, else 0 (lost)."),
+    "llamafleet_gate_link_rtt_seconds": ("gauge", "Smoothed round-trip time of the link (tcpi_rtt)."),
+    "llamafleet_gate_link_rttvar_seconds": ("gauge", "Round-trip time variation of the link (tcpi_rttvar)."),
+    "llamafleet_gate_link_sent_bytes_total": (
+        "counter", "Bytes llama-server sent the worker and it acknowledged (tcpi_bytes_acked)."),
+    "llamafleet_gate_link_received_bytes_total": (
+        "counter", "Bytes llama-server received from the worker (tcpi_bytes_received)."),
+    "llamafleet_gate_link_retransmits_total": ("counter", "Segments retransmitted to the worker (tcpi_total_retrans)."),
+    "llamafleet_gate_link_unacked_bytes": (
+        "gauge", "Bytes sent to the worker and not acknowledged yet (Send-Q less notsent)."),
+    "llamafleet_gate_link_notsent_bytes": (
+        "gauge", "Bytes llama-server wrote for the worker that are not sent yet (tcpi_notsent_bytes)."),
+    "llamafleet_gate_link_stalled_polls": (
+        "gauge", "Watchdog polls in a row the link has looked stalled (0: not stalled)."),
+    "llamafleet_gate_link_stalls_total": (
+        "counter", "Stalls of the link: its stalled polls reached the count the gate acts on."),
+}
+# The tcp_info figures of link_state.link_traffic: metric -> (key, scale).
+LINK_TRAFFIC = {
+    "llamafleet_gate_link_rtt_seconds": ("rtt_ms", 0.001),
+    "llamafleet_gate_link_rttvar_seconds": ("rttvar_ms", 0.001),
+    "llamafleet_gate_link_sent_bytes_total": ("sent_bytes", 1),
+    "llamafleet_gate_link_received_bytes_total": ("received_bytes", 1),
+    "llamafleet_gate_link_retransmits_total": ("retransmits", 1),
+    "llamafleet_gate_link_unacked_bytes": ("unacked_bytes", 1),
+    "llamafleet_gate_link_notsent_bytes": ("notsent_bytes", 1),
 }
 
 
@@ -123,6 +154,24 @@ def gate_samples(state: str, since: float, counters: Mapping[str, int], in_fligh
         samples.append(("llamafleet_llama_server_load_seconds", {}, round(load.last_seconds, 3)))
     if load.ready_at is not None:
         samples.append(("llamafleet_llama_server_ready_since_seconds", {}, round(load.ready_at, 3)))
+    return samples
+
+
+def link_samples(links: Mapping[str, Mapping[str, Any]] | None, stall_polls: Mapping[str, int],
+                 stalls: Mapping[str, int]) -> list[Sample]:
+    """The worker links' metrics, one series per worker (label ``worker``): ``links`` as link_state.worker_links
+    gives them (None: ss gave no answer, and only the stall counters are known), ``stall_polls`` by link name
+    (link_state.count_stalls), ``stalls`` by worker label (link_state.count_stall_events)."""
+    samples: list[Sample] = [("llamafleet_gate_link_stalls_total", {"worker": worker}, count)
+                             for worker, count in stalls.items()]
+    for name, info in (links or {}).items():
+        label = {"worker": info["worker"]}
+        traffic = info["traffic"]
+        samples += [("llamafleet_gate_link_connected", label, 1 if traffic else 0),
+                    ("llamafleet_gate_link_stalled_polls", label, stall_polls.get(name, 0))]
+        for metric, (key, scale) in LINK_TRAFFIC.items() if traffic else ():
+            if traffic[key] is not None:
+                samples.append((metric, label, round(traffic[key] * scale, 6) if scale != 1 else traffic[key]))
     return samples
 
 

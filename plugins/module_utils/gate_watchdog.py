@@ -21,15 +21,16 @@ from typing import Any
 
 from .atomic_file import write_json_atomic
 from .gate_config import FULL_PLAN, Config, Degrade, Worker
-from .gate_decision import (ACTION_RESTART, SERVING, CanaryOutcome, Decision, Memory, Observation, decide,
-                            degrade_choice, remember)
-from .gate_metrics import GATE_METRICS, LoadClock, gate_samples, render_exposition, track_load
+from .gate_decision import (ACTION_RESTART, SERVING, STALL_CONFIRM_POLLS, CanaryOutcome, Decision, Memory, Observation,
+                            decide, degrade_choice, remember)
+from .gate_metrics import GATE_METRICS, LoadClock, gate_samples, link_samples, render_exposition, track_load
 from .gate_proxy import Gate, log
 from .host_observation import (PING_TIMEOUT, SS_LINKS, SUBPROCESS_TIMEOUT, icmp_echo, main_start, made_progress,
                                parse_metrics, parse_ss, parse_systemctl_show, rpc_endpoints, run_command,
                                systemctl_show_argv)
 from .http_wire import http_request
-from .link_state import awaiting_workers, count_stalls, left_out, link_names, running_workers, worker_links
+from .link_state import (awaiting_workers, count_stall_events, count_stalls, left_out, link_names, running_workers,
+                         worker_links)
 
 
 # How often each worker's host is pinged while its link is quiet, to learn whether it answers ping at all (a host
@@ -84,6 +85,7 @@ class Watchdog:
         self.memory = Memory()
         self.workers = cfg.workers
         self.stall_polls: dict[str, int] = {}
+        self.stalls: dict[str, int] = {}  # stalls per worker label, since the gate started
         self.links: dict[str, dict[str, Any]] | None = None
         self.restarts = 0
         self.last_action: dict[str, Any] | None = None
@@ -219,6 +221,7 @@ class Watchdog:
         self.workers = self.workers_of(pid) if running else self.workers
         self.links = await self.observe_links(conns)
         self.stall_polls = count_stalls(self.stall_polls, self.links)
+        self.stalls = count_stall_events(self.stalls, self.links, self.stall_polls, STALL_CONFIRM_POLLS)
         canary, self._canary_done = self._canary_done, None
         obs = Observation(self.gate.clock(), active, pid, health, self.links, self.stall_polls, canary)
         decision = decide(obs, self.memory, self.cfg)
@@ -350,10 +353,12 @@ class Watchdog:
                          "loads": self.load.loads}}
 
     def metrics_text(self) -> str:
-        """The gate's metrics (GATE_METRICS_PATH) as Prometheus text."""
+        """The gate's metrics (GATE_METRICS_PATH) as Prometheus text: its own, and each worker link's from the last
+        poll."""
         degraded = None if self.cfg.degrade is None else self.without is not None
         return render_exposition(GATE_METRICS, gate_samples(self.gate.state, self.gate.since, self.gate.counters,
-                                                            self.gate.in_flight, self.restarts, degraded, self.load))
+                                                            self.gate.in_flight, self.restarts, degraded, self.load)
+                                 + link_samples(self.links, self.stall_polls, self.stalls))
 
     def write_state(self) -> None:
         """Write the snapshot atomically (temp file + rename) to state_file, when there is one."""

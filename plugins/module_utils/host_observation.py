@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import math
 import socket
 import struct
 import subprocess
@@ -85,8 +86,16 @@ def _endpoint(text: str) -> tuple[str, int] | None:
 def _int(value: str) -> int:
     try:
         return int(float(value))
-    except ValueError:
+    except (ValueError, OverflowError):
         return 0
+
+
+def _float(value: str) -> float | None:
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
 
 
 def parse_ss(text: str) -> list[dict[str, Any]]:
@@ -95,9 +104,11 @@ def parse_ss(text: str) -> list[dict[str, Any]]:
     Each line is ``[State] Recv-Q Send-Q Local:Port Peer:Port`` then tcp_info as ``key:value``
     words (ss leaves out the state column when a state filter is given, and leaves out
     ``unacked``, ``retrans``, ``backoff`` and the ``last*`` timers when they are zero).
-    Keys: state, recv_q, send_q, local, peer ((address, port)), unacked (segments),
-    lastsnd_ms, lastrcv_ms, lastack_ms, retrans ((outstanding, total)), rto_ms, backoff.
-    Lines that do not parse are skipped.
+    Keys: state, recv_q, send_q (bytes written and not yet acknowledged, sent or not), local, peer
+    ((address, port)), unacked (segments), lastsnd_ms, lastrcv_ms, lastack_ms, retrans ((outstanding, total)),
+    rto_ms, backoff; and the link's traffic: rtt_ms and rttvar_ms (``rtt:RTT/RTTVAR``, None when ss shows no
+    ``rtt``), bytes_acked, bytes_received, bytes_sent and notsent (bytes written but not sent yet; ss leaves
+    these out when zero). Lines that do not parse are skipped.
     """
     conns = []
     for line in text.splitlines():
@@ -118,12 +129,15 @@ def parse_ss(text: str) -> list[dict[str, Any]]:
             if sep and key.isidentifier() and key not in info:
                 info[key] = value
         current, _sep, total = info.get("retrans", "0/0").partition("/")
+        rtt, _sep, rttvar = info.get("rtt", "").partition("/")
         conns.append({
             "state": state, "recv_q": int(words[0]), "send_q": int(words[1]), "local": local, "peer": peer,
             "unacked": _int(info.get("unacked", "0")), "lastsnd_ms": _int(info.get("lastsnd", "0")),
             "lastrcv_ms": _int(info.get("lastrcv", "0")), "lastack_ms": _int(info.get("lastack", "0")),
             "retrans": (_int(current), _int(total or "0")), "rto_ms": _int(info.get("rto", "0")),
-            "backoff": _int(info.get("backoff", "0")),
+            "backoff": _int(info.get("backoff", "0")), "rtt_ms": _float(rtt), "rttvar_ms": _float(rttvar),
+            "bytes_acked": _int(info.get("bytes_acked", "0")), "bytes_received": _int(info.get("bytes_received", "0")),
+            "bytes_sent": _int(info.get("bytes_sent", "0")), "notsent": _int(info.get("notsent", "0")),
         })
     return conns
 

@@ -57,6 +57,35 @@ def awaiting_ms(conn: dict[str, Any]) -> int:
     return min(conn["lastsnd_ms"], conn["lastrcv_ms"])
 
 
+def worker_label(worker: Worker) -> str:
+    """The ``worker`` label of a link's metrics: ``host:port`` (the host as the inventory names it; an endpoint the
+    config does not know is named ``address:port`` already, see running_workers)."""
+    return worker.host if ":" in worker.host else "%s:%d" % (worker.host, worker.port)
+
+
+def link_traffic(conns: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What the kernel counts on a worker's established connections (from :func:`host_observation.parse_ss`),
+    None when there is none. Counters and queues are summed over the connections (llama-server holds one per
+    endpoint); ``rtt_ms`` and ``rttvar_ms`` are the slowest connection's (None when ss showed no rtt).
+    ``sent_bytes`` is tcpi_bytes_acked (data the worker acknowledged: retransmissions count once; the
+    connecting side, llama-server, counts its SYN too); ``received_bytes`` tcpi_bytes_received;
+    ``retransmits`` tcpi_total_retrans (segments); ``unacked_bytes`` the data sent and not yet acknowledged
+    (Send-Q less ``notsent``); ``notsent_bytes`` the data written and not sent yet (a full window)."""
+    if not conns:
+        return None
+    timed = [conn for conn in conns if conn["rtt_ms"] is not None]
+    slowest = max(timed, key=lambda conn: conn["rtt_ms"], default=None)
+    return {
+        "connections": len(conns),
+        "rtt_ms": slowest["rtt_ms"] if slowest else None, "rttvar_ms": slowest["rttvar_ms"] if slowest else None,
+        "sent_bytes": sum(conn["bytes_acked"] for conn in conns),
+        "received_bytes": sum(conn["bytes_received"] for conn in conns),
+        "retransmits": sum(conn["retrans"][1] for conn in conns),
+        "unacked_bytes": sum(max(0, conn["send_q"] - conn["notsent"]) for conn in conns),
+        "notsent_bytes": sum(conn["notsent"] for conn in conns),
+    }
+
+
 def worker_links(conns: list[dict[str, Any]], workers: tuple[Worker, ...] | list[Worker],
                  stall_seconds: float = DEFAULT_STALL_SECONDS,
                  unreachable: frozenset[str] | set[str] = frozenset()) -> dict[str, dict[str, Any]]:
@@ -67,7 +96,8 @@ def worker_links(conns: list[dict[str, Any]], workers: tuple[Worker, ...] | list
     has data unacknowledged for ``stall_seconds``, or has waited that long for an answer while the
     worker's host (named in ``unreachable``) does not answer a liveness probe; "ok" when one is
     established, "lost" when none is. ``silent_ms``: how long the stalled link has had nothing from
-    the worker (no ACK, or no answer); ``awaiting_ms``: see :func:`awaiting_ms`.
+    the worker (no ACK, or no answer); ``awaiting_ms``: see :func:`awaiting_ms`; ``worker``: the label of its
+    metrics (:func:`worker_label`); ``traffic``: see :func:`link_traffic`.
     """
     links = {}
     for worker, name in zip(workers, link_names(workers)):
@@ -85,6 +115,7 @@ def worker_links(conns: list[dict[str, Any]], workers: tuple[Worker, ...] | list
             "unacked": worst["unacked"] if worst else 0, "lastack_ms": worst["lastack_ms"] if worst else None,
             "send_q": worst["send_q"] if worst else 0, "retrans": list(worst["retrans"]) if worst else [0, 0],
             "silent_ms": silent, "awaiting_ms": max((awaiting_ms(conn) for conn in mine), default=0),
+            "worker": worker_label(worker), "traffic": link_traffic(mine),
         }
     return links
 
@@ -99,3 +130,14 @@ def count_stalls(previous: dict[str, int], links: dict[str, dict[str, Any]] | No
     if links is None:
         return {}
     return {host: previous.get(host, 0) + 1 if info["link"] == "stalled" else 0 for host, info in links.items()}
+
+
+def count_stall_events(previous: dict[str, int], links: dict[str, dict[str, Any]] | None, stall_polls: dict[str, int],
+                       confirm: int) -> dict[str, int]:
+    """Stalls each worker's link has had (by its ``worker`` label): one more each time a link's run of stalled polls
+    (:func:`count_stalls`) reaches ``confirm``, the polls the gate needs to call it stalled. A worker once seen keeps
+    its count (a degraded plan leaves it out)."""
+    counts = dict(previous)
+    for name, info in (links or {}).items():
+        counts[info["worker"]] = counts.get(info["worker"], 0) + (1 if stall_polls.get(name) == confirm else 0)
+    return counts

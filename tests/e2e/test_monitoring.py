@@ -8,9 +8,9 @@ not apt.grafana.com.
 Then the real Prometheus answers, on the monitoring host's loopback: every target is up, the orchestrator's
 llama-server (its /metrics through the serving gate, with the API key the role copied) and every host's node
 exporter; each worker's rpc-server is up (its textfile metrics, written by the rpc_server role's timer), and
-serves llama-server on every endpoint of the plan; llama-server's own counters arrive. A second run changes
-nothing. Prometheus and the node exporters are stopped at the end, so that later tests (the benchmarks) time the
-cluster alone.
+serves llama-server on every endpoint of the plan; llama-server's own counters arrive; the gate reports each worker
+link of the plan (RTT, bytes each way, retransmits). A second run changes nothing. Prometheus and the node
+exporters are stopped at the end, so that later tests (the benchmarks) time the cluster alone.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import yaml
 from llamafleet.bench.fleet_bench import load_seconds
 from llamafleet.cluster import Endpoint, read_plan
 from llamafleet.core import constants
+from llamafleet.core.gate_config import plan_workers
 from tests.helpers import playbook
 
 # The lab reaches no third-party repository.
@@ -135,6 +136,26 @@ def test_every_worker_reports_its_rpc_server(monitored, fleet):
     errors = query(fleet, "llamafleet_rpc_metrics_errors")
     assert sorted(x["metric"]["llamafleet_host"] for x in errors) == workers
     assert all(x["value"][1] == "0" for x in errors), errors
+
+
+def test_the_gate_reports_each_worker_link(monitored, fleet):
+    """The gate's per-link metrics (the kernel's view of llama-server's connections, ss -tin): one series per worker
+    endpoint of the plan, label worker "host:port", connected, the model's bytes sent and answers received, a
+    round-trip time under a second, and every family of the link there for each worker."""
+    gate = '{job="%s"}' % constants.PROMETHEUS_JOB_GATE
+    expected = {"%s:%d" % (w["host"], w["port"]) for w in plan_workers(read_plan(fleet)["devices"])}
+    assert expected, "the plan has no remote worker"
+    connected = wait_for(fleet, "llamafleet_gate_link_connected" + gate,
+                         lambda r: {x["metric"].get("worker") for x in r} == expected)
+    assert {x["metric"].get("worker"): x["value"][1] for x in connected} == {w: "1" for w in expected}, connected
+    figures = {name: {x["metric"]["worker"]: float(x["value"][1]) for x in query(fleet, name + gate)}
+               for name in ("llamafleet_gate_link_rtt_seconds", "llamafleet_gate_link_sent_bytes_total",
+                            "llamafleet_gate_link_received_bytes_total", "llamafleet_gate_link_retransmits_total",
+                            "llamafleet_gate_link_unacked_bytes", "llamafleet_gate_link_stalls_total")}
+    assert all(set(values) == expected for values in figures.values()), figures
+    assert all(0 < v < 1.0 for v in figures["llamafleet_gate_link_rtt_seconds"].values()), figures
+    assert all(v > 0 for v in figures["llamafleet_gate_link_sent_bytes_total"].values()), figures
+    assert all(v > 0 for v in figures["llamafleet_gate_link_received_bytes_total"].values()), figures
 
 
 def test_the_gate_reports_how_long_the_model_load_took(monitored, fleet):

@@ -26,6 +26,7 @@ from llamafleet.core import constants as c
 from llamafleet.core import gate_metrics as gm
 from llamafleet.core import rpc_metrics as rm
 from llamafleet.core.systemd_unit import render_rpc_server_unit
+from tests.unit.gate_exposition import lab_exposition, parse_exposition
 
 REPO = Path(__file__).resolve().parents[3]
 ROLE = REPO / "roles" / "monitoring"
@@ -103,8 +104,8 @@ SOURCES = {
     "textfile writer": exposition_names(textfile_output()),
     "node_exporter": exposition_names(
         (FIXTURES / "prometheus-node-exporter_1.5.0_types_and_textfile_real.txt").read_text(encoding="utf-8")),
-    "serving gate": exposition_names(gm.render_exposition(gm.GATE_METRICS, gm.gate_samples(
-        "serving", 1.0, {}, 0, 0, False, gm.LoadClock(last_seconds=1.0, ready_at=1.0, loads=1)))),
+    # the gate's own metrics and its worker links', rendered from the lab's real ss output (tests/unit/gate_exposition.py)
+    "serving gate": exposition_names(lab_exposition()),
     "Prometheus": {"up"},
 }
 
@@ -139,6 +140,40 @@ def test_every_metric_the_dashboard_asks_for_exists() -> None:
     # it shows each source: llama-server, the workers' facts, the hosts
     for source in ("llama-server /metrics", "textfile writer", "serving gate", "node_exporter", "Prometheus"):
         assert set(asked) & SOURCES[source], "the dashboard shows nothing from %s" % source
+
+
+def row_panels(title: str) -> list[dict[str, Any]]:
+    """The panels of the dashboard's row whose title begins with ``title``: those after it up to the next row (or,
+    collapsed, its own)."""
+    panels = json.loads(DASHBOARD.read_text(encoding="utf-8"))["panels"]
+    at = next(i for i, panel in enumerate(panels) if panel["type"] == "row" and panel["title"].startswith(title))
+    after = panels[at + 1:]
+    end = next((i for i, panel in enumerate(after) if panel["type"] == "row"), len(after))
+    return panels[at].get("panels", []) + after[:end]
+
+
+def test_the_worker_link_panels_show_what_the_gate_exports() -> None:
+    """Every query of the "Worker links" row names a per-worker metric the gate serves (its exposition parsed, from
+    the lab's real ss output), rates its counters and no gauge, selects the gate's job and names the worker; and
+    every per-link family the gate serves is shown."""
+    families = parse_exposition(lab_exposition())
+    panels = row_panels("Worker links")
+    shown: set[str] = set()
+    for panel in panels:
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            expr = target["expr"]
+            names = metric_names(expr)
+            assert names and names <= set(families), (panel["title"], expr, names - set(families))
+            for name in names:
+                assert all(dict(labels).get("worker") for labels in families[name].samples), (name, expr)
+                rated = re.search(r"\b(rate|increase)\(\s*%s\b" % re.escape(name), expr) is not None
+                assert rated == (families[name].kind == "counter"), (panel["title"], expr)
+            assert 'job="%s"' % c.PROMETHEUS_JOB_GATE in expr and "{{worker}}" in target["legendFormat"], expr
+            shown |= names
+    per_link = {name for name, family in families.items()
+                if family.samples and all(dict(labels).get("worker") for labels in family.samples)}
+    assert per_link and per_link == shown, sorted(per_link ^ shown)
 
 
 def test_the_dashboard_selects_the_roles_jobs() -> None:

@@ -68,7 +68,8 @@ def test_parse_ss_real_stalled_link() -> None:
     stalled, listener = parse_ss(STALLED_REAL)
     assert stalled == {"state": "ESTAB", "recv_q": 0, "send_q": 4096, "local": ("127.0.0.1", 44360),
                        "peer": ("127.0.0.1", 50052), "unacked": 1, "lastsnd_ms": 2156, "lastrcv_ms": 5508,
-                       "lastack_ms": 5508, "retrans": (1, 5), "rto_ms": 3264, "backoff": 4}
+                       "lastack_ms": 5508, "retrans": (1, 5), "rto_ms": 3264, "backoff": 4, "rtt_ms": 0.024,
+                       "rttvar_ms": 0.013, "bytes_acked": 101, "bytes_received": 40, "bytes_sent": 24676, "notsent": 0}
     assert listener["local"] == ("127.0.0.1", 50052) and listener["unacked"] == 0 and listener["retrans"] == (0, 0)
     assert link_state.link_stalled(stalled, 4.0) and not link_state.link_stalled(stalled, 6.0) and not link_state.link_stalled(listener, 1)
 
@@ -127,8 +128,10 @@ def test_worker_links_details() -> None:
     links = _links(_ss_line("10.77.0.13:50052", sendq=4096, unacked=3, lastack=4300))
     assert links["lab3"] == {"address": "10.77.0.13", "port": 50052, "link": "stalled", "unacked": 3,
                              "lastack_ms": 4300, "send_q": 4096, "retrans": [1, 5], "silent_ms": 4300,
-                             "awaiting_ms": 0}
-    assert links["lab2"]["lastack_ms"] is None and links["lab2"]["link"] == "lost"
+                             "awaiting_ms": 0, "worker": "lab3:50052", "traffic": {
+                                 "connections": 1, "rtt_ms": 0.31, "rttvar_ms": 0.1, "sent_bytes": 4321,
+                                 "received_bytes": 0, "retransmits": 5, "unacked_bytes": 4096, "notsent_bytes": 0}}
+    assert links["lab2"]["lastack_ms"] is None and links["lab2"]["link"] == "lost" and links["lab2"]["traffic"] is None
     assert _links(_ss_line("10.77.0.13:50052", unacked=3, lastack=4300), stall=5.0)["lab3"]["link"] == "ok"
 
 
