@@ -19,8 +19,17 @@ still on the legacy or hybrid hierarchy, whose nspawn containers are too): ``mem
 is ``<systemd root>/system.slice/<unit>``; the systemd root is PID 1's cgroup less ``/init.scope`` (``/`` inside a
 container with its own cgroup namespace, the container's path on a host without one).
 
+What a unit holds is its own cgroup's charge less its page cache. Where the memory controller gives the unit no
+cgroup of its own (an nspawn host on a v1 or hybrid machine sees that controller read-only, so systemd inside
+cannot make one; a v2 host whose ``system.slice`` has the controller off), it is the resident memory of the
+unit's processes instead ("unit RSS"): the PIDs in the unit's ``cgroup.procs`` in the hierarchy where systemd
+keeps its units (unified, or v1's ``name=systemd``), each one's ``RssAnon`` + ``RssShmem`` from
+``/proc/PID/status`` (``VmRSS`` on kernels before 4.5). Mapped files are left out, as from the charge: they are
+page cache the kernel can drop.
+
 Parsing is pure (:func:`parse_proc_cgroup`, :func:`parse_limit`, :func:`parse_stat_file_bytes`,
-:func:`memory_figures`); :func:`read_memory_limits` reads a host through a ``read_text(path)`` callable.
+:func:`parse_status_rss`, :func:`parse_pids`, :func:`memory_figures`); :func:`read_memory_limits` reads a host
+through a ``read_text(path)`` callable.
 Stdlib only: shared by the gpu_facts module and ``llamafleet.core.gpu_memory``.
 """
 
@@ -46,19 +55,40 @@ _FILES = {
 }
 
 
-def parse_proc_cgroup(text: str) -> dict[str, str | None]:
-    """``/proc/PID/cgroup``: ``{"cgroup2": path of the unified line, "cgroup1": path of the v1 memory controller}``."""
-    found: dict[str, str | None] = {"cgroup2": None, "cgroup1": None}
+def parse_named_cgroup(text: str, name: str = "name=systemd") -> str | None:
+    """``/proc/PID/cgroup``: the path in the v1 hierarchy of controller ``name`` (``name=systemd``: systemd's own
+    on a legacy or hybrid host; ``""``: the unified hierarchy's line, ``0::``)."""
     for line in text.splitlines():
         parts = line.strip().split(":", 2)
         if len(parts) != 3:
             continue
-        hierarchy, controllers, path = parts
-        if hierarchy == "0" and controllers == "":
-            found["cgroup2"] = path
-        elif "memory" in controllers.split(","):
-            found["cgroup1"] = path
-    return found
+        if (parts[0] == "0" and parts[1] == "") if name == "" else name in parts[1].split(","):
+            return parts[2]
+    return None
+
+
+def parse_proc_cgroup(text: str) -> dict[str, str | None]:
+    """``/proc/PID/cgroup``: ``{"cgroup2": path of the unified line, "cgroup1": path of the v1 memory controller}``."""
+    return {"cgroup2": parse_named_cgroup(text, ""), "cgroup1": parse_named_cgroup(text, "memory")}
+
+
+def parse_pids(text: str | None) -> list[int]:
+    """A ``cgroup.procs`` file's process ids."""
+    return [int(word) for word in (text or "").split() if word.isdigit()]
+
+
+def parse_status_rss(text: str | None) -> int | None:
+    """The bytes a process holds that are not page cache, from ``/proc/PID/status``: ``RssAnon`` + ``RssShmem``, or
+    ``VmRSS`` where the kernel (before 4.5) splits nothing. None without either (a kernel thread, a process gone)."""
+    fields = {}
+    for line in (text or "").splitlines():
+        key, sep, value = line.partition(":")
+        words = value.split()
+        if sep and len(words) == 2 and words[1] == "kB" and words[0].isdigit():
+            fields[key.strip()] = int(words[0]) * 1024
+    if "RssAnon" in fields:
+        return fields["RssAnon"] + fields.get("RssShmem", 0)
+    return fields.get("VmRSS")
 
 
 def parse_limit(text: str | None) -> int | None:
@@ -133,26 +163,63 @@ def in_use(entry: dict[str, Any]) -> int:
     return max(int(entry.get("current_bytes") or 0) - int(entry.get("cache_bytes") or 0), 0)
 
 
+def unit_procs_files(init_cgroup: str, unit: str, root: str = CGROUP_ROOT) -> list[str]:
+    """The ``cgroup.procs`` files that may list ``unit``'s processes, from PID 1's ``/proc/1/cgroup``: the unified
+    hierarchy at the cgroup root (v2) or at ``unified`` (hybrid), and v1's ``name=systemd`` at ``systemd``."""
+    unified = parse_proc_cgroup(init_cgroup)["cgroup2"]
+    files = []
+    for mount, path in ((root, unified), (_join(root, "unified"), unified),
+                        (_join(root, "systemd"), parse_named_cgroup(init_cgroup))):
+        if path is not None:
+            files.append(_join(mount, _join(_join(systemd_root(path), SYSTEM_SLICE), unit)) + "/cgroup.procs")
+    return files
+
+
+def read_unit_rss(read_text: ReadText, init_cgroup: str, unit: str, root: str = CGROUP_ROOT) -> dict[str, Any]:
+    """What ``unit``'s processes hold resident (:func:`parse_status_rss`), for a unit without a memory cgroup.
+
+    Returns ``{"unit", "source": "unit RSS", "procs_files": the cgroup.procs files read, "pids", "rss_bytes"}``;
+    ``pids`` is empty when no hierarchy lists the unit (not running).
+    """
+    files, pids = [], set()
+    for path in unit_procs_files(init_cgroup, unit, root):
+        text = read_text(path)
+        if text is not None:
+            files.append(path)
+            pids.update(parse_pids(text))
+    rss = sum(parse_status_rss(read_text("/proc/%d/status" % pid)) or 0 for pid in pids)
+    return {"unit": unit, "source": "unit RSS", "procs_files": files, "pids": sorted(pids), "rss_bytes": rss}
+
+
 def read_memory_limits(read_text: ReadText, units: Sequence[str] = (), root: str = CGROUP_ROOT) -> dict[str, Any]:
     """The cgroups above a service's unit on this host, and what the service's own units hold.
 
     ``units`` are the systemd units of the service (an rpc-server's, llama-server's); their cgroups are
     ``<systemd root>/system.slice/<unit>``. Without units, the chain starts at this process's own cgroup.
+    A unit whose memory cgroup has no charge to read (none of its own: see the module's notes) holds the resident
+    memory of its processes (:func:`read_unit_rss`).
     Returns ``{"hierarchy": "cgroup2" | "cgroup1" | None, "cgroups": [read_cgroup entries, innermost first],
-    "own_bytes": what the units hold, "units": [their entries]}``.
+    "own_bytes": what the units hold, "units": [their entries, each with its ``unit`` and ``source``]}``.
     """
     result: dict[str, Any] = {"hierarchy": None, "cgroups": [], "own_bytes": 0, "units": []}
     self_paths = parse_proc_cgroup(read_text("/proc/self/cgroup") or "")
+    init_cgroup = read_text("/proc/1/cgroup") or ""
     hierarchy, mount = _hierarchy(read_text, self_paths, root)
-    if hierarchy is None:
-        return result
     result["hierarchy"] = hierarchy
-    init_paths = parse_proc_cgroup(read_text("/proc/1/cgroup") or "")
-    base = systemd_root(init_paths[hierarchy] or "/") if units else (self_paths[hierarchy] or "/")
-    chain = ancestors(_join(base, SYSTEM_SLICE) if units else base)
-    result["cgroups"] = [read_cgroup(read_text, mount, path, hierarchy) for path in chain]
+    base = "/"
+    if hierarchy is not None:
+        init_path = parse_proc_cgroup(init_cgroup)[hierarchy]
+        base = systemd_root(init_path or "/") if units else (self_paths[hierarchy] or "/")
+        chain = ancestors(_join(base, SYSTEM_SLICE) if units else base)
+        result["cgroups"] = [read_cgroup(read_text, mount, path, hierarchy) for path in chain]
     for unit in units:
-        entry = read_cgroup(read_text, mount, _join(_join(base, SYSTEM_SLICE), unit), hierarchy)
+        entry: dict[str, Any] = {"current_bytes": None}
+        if hierarchy is not None:
+            entry = read_cgroup(read_text, mount, _join(_join(base, SYSTEM_SLICE), unit), hierarchy)
+            entry.update(unit=unit, source="cgroup %s" % entry["path"])
+        if entry["current_bytes"] is None:
+            processes = read_unit_rss(read_text, init_cgroup, unit, root)
+            entry.update(processes, current_bytes=processes["rss_bytes"], cache_bytes=0)
         result["units"].append(entry)
         result["own_bytes"] += in_use(entry)
     return result
@@ -168,14 +235,19 @@ def memory_figures(total_mib: int, available_mib: int, limits: dict[str, Any] | 
     ``total_mib``: the host's memory, the tighter of MemTotal and every cgroup limit (what a cap may not exceed).
     ``free_mib``: the tighter of MemAvailable and each limited cgroup's limit less the others' use, plus what the
     service's own units hold in each. ``total_source``/``free_source`` say which figure won; ``cgroups`` lists the
-    limited cgroups (``path``, ``file``, ``limit_mib``, ``used_mib`` by others, ``headroom_mib``).
+    limited cgroups (``path``, ``file``, ``limit_mib``, ``used_mib`` by others, ``headroom_mib``); ``units`` what
+    each unit holds (``unit``, ``source``: its cgroup or ``unit RSS``, ``own_mib``, ``pids`` where read by RSS).
     """
     limits = limits or {}
     own = int(limits.get("own_bytes") or 0)
+    # where what the service holds was read from its processes, the sources say so
+    by_rss = sum(int(u.get("rss_bytes") or 0) for u in limits.get("units") or [] if u.get("source") == "unit RSS")
     total, total_source = int(total_mib), "/proc/meminfo MemTotal"
     free, free_source = int(available_mib) + _mib(own), "/proc/meminfo MemAvailable"
     if own:
         free_source += " + %d MiB the service holds" % _mib(own)
+    if by_rss:
+        free_source += " (%d MiB of it by unit RSS)" % _mib(by_rss)
     limited = []
     for entry in limits.get("cgroups") or []:
         if entry.get("limit_bytes") is None:
@@ -188,11 +260,14 @@ def memory_figures(total_mib: int, available_mib: int, limits: dict[str, Any] | 
         if _mib(entry["limit_bytes"]) < total:
             total, total_source = _mib(entry["limit_bytes"]), where
         if _mib(headroom) < free:
-            free, free_source = _mib(headroom), "%s (%d MiB, %d MiB used by others)" % (
-                where, _mib(entry["limit_bytes"]), _mib(others))
+            free, free_source = _mib(headroom), "%s (%d MiB, %d MiB used by others%s)" % (
+                where, _mib(entry["limit_bytes"]), _mib(others),
+                ", %d MiB the service holds by unit RSS" % _mib(by_rss) if by_rss else "")
     return {"total_mib": total, "total_source": total_source, "free_mib": min(free, total),
             "free_source": free_source, "own_mib": _mib(own), "cgroups": limited,
-            "hierarchy": limits.get("hierarchy")}
+            "hierarchy": limits.get("hierarchy"),
+            "units": [{"unit": u.get("unit"), "source": u.get("source"), "own_mib": _mib(in_use(u)),
+                       "pids": u.get("pids", [])} for u in limits.get("units") or []]}
 
 
 def memory_max_mib(setting: Any, total_mib: int, reserve_mib: int, max_mib: int | None = None) -> int:

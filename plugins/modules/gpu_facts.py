@@ -24,6 +24,11 @@ description:
     (O(units)), such as a container's or a slice's C(memory.max) (cgroup v2) or C(memory.limit_in_bytes) (v1), less
     what the others in it use; what the units themselves hold counts as theirs. C(total_source) and C(free_source) say
     which figure won.
+  - What a unit holds is its own memory cgroup's charge less its page cache. Where the unit has no memory cgroup of its
+    own (an nspawn host on a cgroup v1 or hybrid machine sees the memory controller read-only), it is the resident
+    memory (C(RssAnon) + C(RssShmem) of C(/proc/PID/status)) of the processes its C(cgroup.procs) lists in systemd's
+    hierarchy (unified, or v1's C(name=systemd)); C(free_source) then says C(by unit RSS), and the CPU device's
+    C(memory.units) lists each unit's C(source), C(own_mib) and C(pids).
 author: llamafleet maintainers (@llamafleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
@@ -75,7 +80,8 @@ options:
   units:
     description:
       - The systemd units of the service the memory is for (an rpc-server's, llama-server's), in C(system.slice);
-        the cgroups above them are read, and what they hold already counts as free for them.
+        the cgroups above them are read, and what they hold already counts as free for them (their cgroup's charge,
+        or their processes' resident memory where the unit has no memory cgroup).
       - Empty reads the cgroups above this module's own process.
     type: list
     elements: str

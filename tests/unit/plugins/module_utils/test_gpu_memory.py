@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -15,12 +19,17 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_memory impo
     memory_figures,
     memory_max_mib,
     parse_limit,
+    parse_named_cgroup,
+    parse_pids,
     parse_proc_cgroup,
     parse_stat_file_bytes,
+    parse_status_rss,
     read_memory_limits,
     systemd_root,
+    unit_procs_files,
 )
 from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_probe import collect_devices, read_text_file
+from tests.unit.needs import needs
 
 MIB = 1024 * 1024
 # /proc/self/cgroup of a shell in an nspawn container on a unified host, and of this kind of machine (hybrid)
@@ -234,3 +243,165 @@ def test_the_units_memory_max_caps_what_the_planner_uses() -> None:
     assert usable_mib({"free_mib": 2772, "reserve_mib": 256, "limit_mib": 2048}) == 2048
     assert usable_mib({"free_mib": 2772, "reserve_mib": 1024, "limit_mib": 2048}) == 1748
     assert gpu_memory.MIB == MIB
+
+
+# --- a unit without a memory cgroup of its own: its processes' resident memory ("unit RSS") ---
+
+RPC_UNIT = "llamafleet-rpc-server.service"
+
+
+@contextlib.contextmanager
+def holding_process(mib: int, cgroup_procs: str | None = None) -> Iterator[int]:
+    """A python3 child that wrote ``mib`` MiB of anonymous memory and holds it until the block ends: its PID.
+
+    With ``cgroup_procs`` the child joins that cgroup before it starts (so a cgroup with the memory controller is
+    charged for what it writes)."""
+
+    def join() -> None:
+        with open(cgroup_procs, "w", encoding="ascii") as handle:  # type: ignore[arg-type]
+            handle.write(str(os.getpid()))
+
+    code = "import sys; held = b'\\x01' * (%d << 20); print('ready', flush=True); sys.stdin.read()" % mib
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             preexec_fn=join if cgroup_procs else None)  # pylint: disable=subprocess-popen-preexec-fn
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        yield child.pid
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def held_status() -> tuple[int, str, str]:
+    """The PID, /proc/PID/status and /proc/PID/statm of a real process of ours holding 64 MiB."""
+    with holding_process(64) as pid:
+        return pid, Path("/proc/%d/status" % pid).read_text(), Path("/proc/%d/statm" % pid).read_text()
+
+
+def in_container(proc_cgroup: str, systemd_path: str) -> str:
+    """This machine's /proc/PID/cgroup lines as an nspawn host with its own cgroup namespace sees them: systemd's
+    hierarchies (name=systemd, unified) at ``systemd_path``, every v1 controller at its namespace's root."""
+    lines = []
+    for line in proc_cgroup.splitlines():
+        number, controllers, dummy = line.split(":", 2)
+        systemd = controllers == "name=systemd" or (number == "0" and controllers == "")
+        lines.append("%s:%s:%s" % (number, controllers, systemd_path if systemd else "/"))
+    return "\n".join(lines) + "\n"
+
+
+def nspawn_v1(pid: int, status: str, others: int, procs: bool = True) -> dict[str, str]:
+    """A lab host as the 3-host lab runs it on this (hybrid) machine, seen from inside: the memory controller is
+    v1, read-only, its root the host's own cgroup with the lab's limit; systemd keeps its units in name=systemd and
+    unified only, so rpc-server's unit has no memory cgroup. ``pid`` runs in the unit (when ``procs``)."""
+    real = Path("/proc/self/cgroup").read_text()
+    stat = Path("/sys/fs/cgroup/memory%s/memory.stat" % parse_proc_cgroup(real)["cgroup1"]).read_text()
+    cache = parse_stat_file_bytes(stat, ("total_active_file", "total_inactive_file"))
+    files = {
+        "/proc/self/cgroup": in_container(real, "/user.slice/user-0.slice/session-4.scope"),
+        "/proc/1/cgroup": in_container(real, "/init.scope"),
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes": "%d\n" % (4096 * MIB),
+        "/sys/fs/cgroup/memory/memory.usage_in_bytes": "%d\n" % (others + parse_status_rss(status) + cache),
+        "/sys/fs/cgroup/memory/memory.stat": stat,
+        "/proc/%d/status" % pid: status,
+    }
+    if procs:
+        for hierarchy in ("systemd", "unified"):
+            files["/sys/fs/cgroup/%s/system.slice/%s/cgroup.procs" % (hierarchy, RPC_UNIT)] = "%d\n" % pid
+    return files
+
+
+@needs(os.path.isdir("/sys/fs/cgroup/memory/") and parse_proc_cgroup(read_text_file("/proc/self/cgroup") or "")
+       ["cgroup1"] is not None, "the v1 memory controller (the lab's hybrid layout)")
+def test_a_unit_without_a_memory_cgroup_holds_its_processes_rss(tmp_path: Path, held_status) -> None:
+    """The lab's second deploy: rpc-server's weights count as its own, not as others' use of the host's limit."""
+    pid, status, dummy = held_status
+    rss = parse_status_rss(status)
+    assert rss is not None and rss >= 64 * MIB
+    limits = read_memory_limits(tree(tmp_path, nspawn_v1(pid, status, others=900 * MIB)), [RPC_UNIT])
+    assert limits["hierarchy"] == "cgroup1"
+    assert [c["path"] for c in limits["cgroups"]] == ["/system.slice", "/"]
+    (unit,) = limits["units"]
+    assert (unit["source"], unit["pids"], limits["own_bytes"]) == ("unit RSS", [pid], rss)
+    assert unit["procs_files"] == ["/sys/fs/cgroup/unified/system.slice/%s/cgroup.procs" % RPC_UNIT,
+                                   "/sys/fs/cgroup/systemd/system.slice/%s/cgroup.procs" % RPC_UNIT]
+    figures = memory_figures(24105, 23003, limits)
+    assert figures["free_mib"] == 4096 - 900
+    assert figures["free_source"] == ("cgroup / memory.limit_in_bytes (4096 MiB, 900 MiB used by others, %d MiB the "
+                                      "service holds by unit RSS)" % (rss // MIB))
+    assert figures["units"] == [{"unit": RPC_UNIT, "source": "unit RSS", "own_mib": rss // MIB, "pids": [pid]}]
+    # the unit not running (no cgroup.procs): what the process holds is someone else's
+    stopped = memory_figures(24105, 23003, read_memory_limits(tree(tmp_path / "stopped", nspawn_v1(
+        pid, status, others=900 * MIB, procs=False)), [RPC_UNIT]))
+    assert stopped["free_mib"] == (3196 * MIB - rss) // MIB
+    assert stopped["free_source"] == "cgroup / memory.limit_in_bytes (4096 MiB, %d MiB used by others)" % (
+        (900 * MIB + rss) // MIB)
+
+
+def test_a_units_own_memory_cgroup_wins_over_its_processes(tmp_path: Path, held_status) -> None:
+    """cgroup v2 with per-unit cgroups as before: the unit's charge, not its processes' RSS."""
+    pid, status, dummy = held_status
+    files = container_v2(tmp_path, unit_current=1536 * MIB)
+    files.update({"/sys/fs/cgroup/system.slice/%s/cgroup.procs" % RPC_UNIT: "%d\n" % pid,
+                  "/proc/%d/status" % pid: status})
+    limits = read_memory_limits(tree(tmp_path, files), [RPC_UNIT])
+    assert (limits["own_bytes"], limits["units"][0]["source"]) == (1536 * MIB, "cgroup /system.slice/" + RPC_UNIT)
+    assert "pids" not in limits["units"][0]
+    assert memory_figures(24105, 23003 - 1536, limits)["free_source"] == (
+        "cgroup / memory.max (3072 MiB, 300 MiB used by others)")
+
+
+def test_no_memory_controller_still_counts_the_units_rss(tmp_path: Path, held_status) -> None:
+    pid, status, dummy = held_status
+    read = tree(tmp_path, {"/proc/self/cgroup": "0::/user.slice\n", "/proc/1/cgroup": "0::/init.scope\n",
+                           "/sys/fs/cgroup/cgroup.controllers": "cpu pids\n",
+                           "/sys/fs/cgroup/system.slice/%s/cgroup.procs" % RPC_UNIT: "%d\n" % pid,
+                           "/proc/%d/status" % pid: status})
+    limits = read_memory_limits(read, [RPC_UNIT])
+    rss = parse_status_rss(status)
+    assert limits["hierarchy"] is None and limits["own_bytes"] == rss
+    figures = memory_figures(24105, 20000, limits)
+    assert figures["free_mib"] == 20000 + rss // MIB
+    assert figures["free_source"] == ("/proc/meminfo MemAvailable + %d MiB the service holds (%d MiB of it by unit "
+                                      "RSS)" % (rss // MIB, rss // MIB))
+
+
+def test_unit_procs_files_in_each_hierarchy() -> None:
+    hybrid = ("1:name=systemd:/machine.slice/lab2/init.scope\n4:memory:/machine.slice/lab2\n"
+              "0::/machine.slice/lab2/init.scope\n")
+    assert unit_procs_files(hybrid, RPC_UNIT) == [
+        "/sys/fs/cgroup/machine.slice/lab2/system.slice/%s/cgroup.procs" % RPC_UNIT,
+        "/sys/fs/cgroup/unified/machine.slice/lab2/system.slice/%s/cgroup.procs" % RPC_UNIT,
+        "/sys/fs/cgroup/systemd/machine.slice/lab2/system.slice/%s/cgroup.procs" % RPC_UNIT]
+    assert unit_procs_files("4:memory:/\n", RPC_UNIT) == []
+    assert parse_named_cgroup(hybrid) == "/machine.slice/lab2/init.scope"
+    assert parse_named_cgroup("4:memory:/\n") is None
+
+
+def test_rss_of_a_real_process(held_status) -> None:
+    """/proc/PID/status of a process holding 64 MiB: RssAnon + RssShmem, which statm's resident less shared gives
+    too; VmRSS where the kernel has no split (before 4.5)."""
+    dummy, status, statm = held_status
+    resident, shared = (int(word) for word in statm.split()[1:3])
+    anon = (resident - shared) * os.sysconf("SC_PAGE_SIZE")
+    assert abs(parse_status_rss(status) - anon) <= MIB
+    old_kernel = "".join(line + "\n" for line in status.splitlines() if not line.startswith(("RssAnon", "RssShmem",
+                                                                                            "RssFile")))
+    assert parse_status_rss(old_kernel) >= parse_status_rss(status)
+    assert parse_status_rss("Name:\tkthreadd\nState:\tS (sleeping)\n") is None
+    assert parse_status_rss(None) is None
+
+
+def test_pids_of_a_real_cgroup_procs() -> None:
+    """This process is listed in its own cgroup's cgroup.procs, in a hierarchy that is no memory controller's."""
+    own = read_text_file("/proc/self/cgroup") or ""
+    found = [(mount, path) for mount, path in (("/sys/fs/cgroup/systemd", parse_named_cgroup(own)),
+                                               ("/sys/fs/cgroup/unified", parse_proc_cgroup(own)["cgroup2"]),
+                                               ("/sys/fs/cgroup", parse_proc_cgroup(own)["cgroup2"]))
+             if path is not None and read_text_file(mount + path.rstrip("/") + "/cgroup.procs") is not None]
+    if not found:
+        pytest.skip("no readable cgroup.procs for this process")
+    mount, path = found[0]
+    assert os.getpid() in parse_pids(read_text_file(mount + path.rstrip("/") + "/cgroup.procs"))
+    assert parse_pids("") == [] and parse_pids(None) == [] and parse_pids("12\n345\n") == [12, 345]

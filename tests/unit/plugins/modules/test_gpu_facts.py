@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
+from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_memory import unit_procs_files
 from ansible_collections.llamafleet.cluster.plugins.modules import gpu_facts
 from tests.unit.module_runner import run_main, warning_messages
+from tests.unit.needs import needs
+from tests.unit.plugins.module_utils.test_gpu_memory import holding_process
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gpu"
 
@@ -116,3 +121,58 @@ def test_memory_max_auto_on_a_cpu_host(capsys: pytest.CaptureFixture[str]) -> No
     assert dev["free_source"].startswith(("/proc/meminfo MemAvailable", "cgroup "))
     rc, result = run_module({"backends": ["cpu"]}, capsys)
     assert rc == 0 and result["memory_max_mib"] == 0 and "limit_mib" not in result["rpc_devices"][0]
+
+
+# A unit of our own for the test below: its cgroup where the module looks for PID 1's units, in a hierarchy without
+# the memory controller where this machine has one (v1's name=systemd or a hybrid host's unified), as in a lab host.
+TEST_UNIT = "llamafleet-test-rss-%d.service" % os.getpid()
+
+
+def writable_procs_file() -> str | None:
+    """The unit's cgroup.procs the module reads, in the first cgroup hierarchy here that root may write."""
+    with open("/proc/1/cgroup", encoding="utf-8") as handle:
+        candidates = unit_procs_files(handle.read(), TEST_UNIT)
+    for path in sorted(candidates, key=lambda p: "/systemd/" not in p):
+        top = Path(path).parents[2]  # the hierarchy's folder of PID 1's units (system.slice's parent)
+        if (top / "cgroup.procs").is_file() and os.access(top, os.W_OK):
+            return path
+    return None
+
+
+@contextlib.contextmanager
+def unit_cgroup(procs_file: str) -> Iterator[None]:
+    """The unit's cgroup (and system.slice where there is none), removed afterwards."""
+    made = [d for d in (Path(procs_file).parents[1], Path(procs_file).parent) if not d.is_dir()]
+    for folder in made:
+        folder.mkdir()
+    try:
+        yield
+    finally:
+        for folder in reversed(made):
+            folder.rmdir()
+
+
+PROCS_FILE = writable_procs_file() if os.geteuid() == 0 else None
+
+
+@needs(PROCS_FILE, "root and a writable cgroup hierarchy holding PID 1's units")
+def test_a_units_processes_count_as_its_own_on_this_machine(capsys: pytest.CaptureFixture[str]) -> None:
+    """The module on this machine's /proc and /sys, for a unit whose process (ours, holding 64 MiB) is in its cgroup:
+    what it holds is the unit's own (by RSS where its cgroup has no memory controller, as in a lab host)."""
+    assert PROCS_FILE is not None
+    with unit_cgroup(PROCS_FILE):
+        with holding_process(64, PROCS_FILE) as pid:
+            rc, result = run_module({"backends": ["cpu"], "units": [TEST_UNIT]}, capsys)
+        rc_after, after = run_module({"backends": ["cpu"], "units": [TEST_UNIT]}, capsys)
+    assert rc == 0 and rc_after == 0, (result, after)
+    (dev,) = result["rpc_devices"]
+    (entry,) = dev["memory"]["units"]
+    assert entry["unit"] == TEST_UNIT and entry["own_mib"] >= 64 and dev["memory"]["own_mib"] == entry["own_mib"]
+    if entry["source"] == "unit RSS":
+        assert entry["pids"] == [pid]
+        assert "%d MiB the service holds by unit RSS" % entry["own_mib"] in dev["free_source"] or (
+            "(%d MiB of it by unit RSS)" % entry["own_mib"] in dev["free_source"]), dev["free_source"]
+    else:  # a v2 host whose system.slice has the memory controller: the unit's own charge
+        assert entry["source"].startswith("cgroup /") and entry["source"].endswith("/" + TEST_UNIT), entry
+    # the process gone, the unit holds nothing
+    assert after["rpc_devices"][0]["memory"]["units"][0]["own_mib"] == 0
