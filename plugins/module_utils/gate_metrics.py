@@ -169,9 +169,11 @@ def link_samples(links: Mapping[str, Mapping[str, Any]] | None, stall_polls: Map
         traffic = info["traffic"]
         samples += [("llamafleet_gate_link_connected", label, 1 if traffic else 0),
                     ("llamafleet_gate_link_stalled_polls", label, stall_polls.get(name, 0))]
-        for metric, (key, scale) in LINK_TRAFFIC.items() if traffic else ():
+        if traffic is None:
+            continue  # lost: no tcp_info to show
+        for metric, (key, scale) in LINK_TRAFFIC.items():
             if traffic[key] is not None:
-                samples.append((metric, label, round(traffic[key] * scale, 6) if scale != 1 else traffic[key]))
+                samples.append((metric, label, traffic[key] if scale == 1 else round(traffic[key] * scale, 6)))
     return samples
 
 

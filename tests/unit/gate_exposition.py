@@ -1,18 +1,20 @@
-"""The gate's metrics as it serves them, for the tests: its exposition rendered from a real ``ss -tinHO`` text
-through the watchdog's path (host_observation.parse_ss, link_state.worker_links, count_stalls, count_stall_events,
-gate_metrics.link_samples, render_exposition), and a strict parser of the Prometheus text format (version 0.0.4)
-that fails on anything the format does not allow."""
+"""The gate's metrics as it serves them, for the tests: its ``/llamafleet/metrics`` text after real watchdog polls
+(gate_watchdog.Watchdog.poll, then metrics_text) whose ``ss -tinHO`` shows a given real text, and a strict parser of
+the Prometheus text format (version 0.0.4) that fails on anything the format does not allow."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from llamafleet.core import gate_metrics, link_state
-from llamafleet.core.gate_config import Worker
-from llamafleet.core.gate_decision import SERVING, STALL_CONFIRM_POLLS
+from llamafleet.core.gate_config import Config, Degrade, Worker
+from llamafleet.core.gate_decision import STALL_CONFIRM_POLLS
+from llamafleet.core.gate_proxy import Gate
+from llamafleet.core.gate_watchdog import Watchdog
 from llamafleet.core.host_observation import parse_ss
 
 SS_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "ss"
@@ -21,19 +23,42 @@ LAB_PARTITIONED = SS_FIXTURES / "lab1-lab3-partitioned-7s.txt"
 LAB_WORKERS = (Worker("lab2", "10.77.0.12", 50052), Worker("lab3", "10.77.0.13", 50052))
 
 
-def gate_exposition(ss_text: str, workers: tuple[Worker, ...], polls: int = 1, stall_seconds: float = 4.0) -> str:
-    """The gate's /llamafleet/metrics after ``polls`` watchdog polls that each read ``ss_text``."""
-    stall_polls: dict[str, int] = {}
-    stalls: dict[str, int] = {}
-    links = None
-    for _poll in range(polls):
-        links = link_state.worker_links(parse_ss(ss_text), workers, stall_seconds)
-        stall_polls = link_state.count_stalls(stall_polls, links)
-        stalls = link_state.count_stall_events(stalls, links, stall_polls, STALL_CONFIRM_POLLS)
-    own = gate_metrics.gate_samples(SERVING, 1.0, {}, 0, 0, False,
-                                    gate_metrics.LoadClock(last_seconds=1.0, ready_at=1.0, loads=1))
-    return gate_metrics.render_exposition(gate_metrics.GATE_METRICS,
-                                          own + gate_metrics.link_samples(links, stall_polls, stalls))
+def gate_exposition(ss_text: str, workers: tuple[Worker, ...], polls: int = 1) -> str:
+    """The gate's metrics after ``polls`` polls of a watchdog whose llama-server (pid 4242, running the configured
+    ``workers``) is active and healthy and whose ``ss`` shows ``ss_text``, degraded mode on (it runs the full plan).
+    Nothing is pinged, killed or written: those steps are stubbed; observing the links, counting stalls, deciding
+    and rendering are the gate's own."""
+    degrade = Degrade(plans={w.host: None for w in workers}, reasons={}, request_file="/nonexistent/plan-request.json",
+                      probe=("false",))
+    cfg = Config(listen_port=8080, upstream_port=8081, unit="llamafleet-llama-server.service", workers=workers,
+                 degrade=degrade)
+    dog = Watchdog(Gate(cfg, clock=lambda: 1000.0), cfg)
+
+    async def process() -> tuple[str, int]:
+        return "active", 4242
+
+    async def health() -> int:
+        return 200
+
+    async def connections() -> list[dict[str, Any]]:
+        return parse_ss(ss_text)
+
+    async def unreachable(addresses: dict[str, str]) -> set[str]:
+        return set()
+
+    stubs = {"process": process, "health": health, "connections": connections, "workers_of": lambda pid: workers,
+             "restart": lambda pid: None, "_maybe_canary": lambda state, pid: None}
+    for name, stub in stubs.items():
+        setattr(dog, name, stub)
+    dog.pinger.unreachable = unreachable  # type: ignore[method-assign]
+    dog.pinger.last_baseline = math.inf  # no background ping of the workers' hosts
+
+    async def run() -> None:
+        for _poll in range(polls):
+            await dog.poll()
+
+    asyncio.run(run())
+    return dog.metrics_text()
 
 
 def lab_exposition() -> str:
