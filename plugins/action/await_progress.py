@@ -29,6 +29,7 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.await_progress 
     pick_estimate,
     progress_line,
     timeout_message,
+    transfer_of,
 )
 
 display = Display()
@@ -49,6 +50,8 @@ ARGUMENT_SPEC = dict(
     every=dict(type="int", default=30),
     phase_log=dict(type="str"),
     phase_marker=dict(type="str", default="==> "),
+    progress_file=dict(type="str"),
+    host=dict(type="str"),
     estimate=dict(type="float"),
     history=dict(type="str"),
     history_match=dict(type="dict", default={}),
@@ -72,7 +75,7 @@ class ActionModule(ActionBase):
                                                        mutually_exclusive=[("jid", "url")],
                                                        required_one_of=[("jid", "url")])
         host = task_vars.get("inventory_hostname", "")
-        host = self._task.delegate_to or host
+        host = args["host"] or self._task.delegate_to or host
         if args["timeout"] <= 0 or args["poll"] <= 0 or args["every"] <= 0:
             raise AnsibleActionFail("%s: timeout, poll and every must be positive (timeout %s, set by %s)"
                                     % (host, args["timeout"], args["timeout_var"] or "timeout"))
@@ -147,6 +150,10 @@ class ActionModule(ActionBase):
         return res.get("stdout", "") if res.get("rc") == 0 else ""
 
     def _phase(self, args: dict[str, Any]) -> str | None:
+        if args["progress_file"]:
+            transfer = transfer_of(self._shell("cat %s" % shlex.quote(args["progress_file"])))
+            if transfer or not args["phase_log"]:
+                return transfer
         if not args["phase_log"]:
             return None
         return phase_of(self._shell("tail -c 8192 %s" % shlex.quote(args["phase_log"])), args["phase_marker"])

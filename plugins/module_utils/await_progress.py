@@ -1,8 +1,9 @@
 # -*- coding: utf-8 -*-
 # Copyright: llamafleet maintainers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The pure parts of the ``await_progress`` action plugin: its progress line, the phase read from a work's log, the
-estimate from the records of earlier runs, and the messages of a timeout and a failed job.
+"""The pure parts of the ``await_progress`` action plugin: its progress line, the phase read from a work's log or from
+the progress file a job writes (a download's bytes and rate), the estimate from the records of earlier runs, and the
+messages of a timeout and a failed job.
 
 Stdlib only (``llamafleet.core.await_progress`` in the library).
 """
@@ -49,6 +50,46 @@ def phase_of(log: str, marker: str = "==> ") -> str | None:
     elif steps:
         phase += " %s/%s" % steps[-1]
     return phase
+
+
+def size_text(nbytes: float) -> str:
+    """``512 B``, ``3.4 MiB``, ``1.2 GiB``."""
+    value = float(max(nbytes, 0))
+    if value < 1024:
+        return "%d B" % value
+    for unit in ("KiB", "MiB"):
+        value /= 1024
+        if value < 1024:
+            return "%.1f %s" % (value, unit)
+    return "%.1f GiB" % (value / 1024)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def transfer_of(text: str) -> str | None:
+    """The phase from a job's progress file (JSON: ``phase``, ``done`` and ``total`` bytes, ``rate`` in bytes/s,
+    ``index`` and ``count`` of the file, ``note``): ``1.2 GiB of 6.4 GiB (19%), 85 MB/s, file 2 of 3``; None when
+    there is no such record (the job has not written one yet, or has removed it)."""
+    records = parse_records(text)
+    if not records:
+        return None
+    rec = records[-1]
+    done, total, rate = rec.get("done"), rec.get("total"), rec.get("rate")
+    parts = [str(rec["phase"])] if rec.get("phase") not in (None, "", "downloading") else []
+    if _number(done):
+        if _number(total) and total > 0:
+            parts.append("%s of %s (%d%%)" % (size_text(done), size_text(total), min(100, int(100 * done / total))))
+        else:
+            parts.append(size_text(done))
+        if _number(rate):
+            parts.append(("%.0f MB/s" if rate >= 1e7 else "%.1f MB/s") % (rate / 1e6))
+    if isinstance(rec.get("count"), int) and rec["count"] > 1 and isinstance(rec.get("index"), int):
+        parts.append("file %d of %d" % (rec["index"], rec["count"]))
+    if rec.get("note"):
+        parts.append(str(rec["note"]))
+    return ", ".join(parts) or None
 
 
 def parse_records(text: str) -> list[dict[str, Any]]:

@@ -434,6 +434,7 @@ class _Part:
     path: str
     size: int = 0
     digest: object = field(default_factory=hashlib.sha256)
+    report: Callable[[int], None] = lambda size: None  # told the size after each block
 
     def restart(self) -> None:
         """From the first byte again (the server ignored the range, or the file changed)."""
@@ -447,19 +448,20 @@ class _Part:
             handle.write(block)  # type: ignore[attr-defined]
             self.digest.update(block)  # type: ignore[attr-defined]
             self.size += len(block)
+            self.report(self.size)
 
         return write
 
 
-def download(state: FileState, http: Http | None = None) -> None:
-    """Fetch one file into ``<path>.part``, verify, rename.
+def download(state: FileState, http: Http | None = None, report: Callable[[int], None] = lambda size: None) -> None:
+    """Fetch one file into ``<path>.part``, verify, rename; ``report`` is told the bytes on disk after each block.
 
     Resumes from the bytes an earlier run left (when the server takes ranges); a transient failure
     midway (a dropped connection, a timeout, HTTP 429 or 5xx) is retried from the bytes already written.
     """
     http = http or Http()
     spec = state.spec
-    part = _Part(state.path + ".part")
+    part = _Part(state.path + ".part", report=report)
     if state.action == "resume" and state.partial_bytes:
         part.size = state.partial_bytes
         sha256_file(part.path, part.digest, limit=part.size)

@@ -107,6 +107,15 @@ options:
     description: Seconds before the first retry; each further one waits twice as long (at most 60 s).
     type: float
     default: 5
+  progress:
+    description:
+      - A file to keep the download's progress in while it runs (JSON, rewritten at most once a second, removed
+        when the module ends): bytes done and to fetch, the recent rate, which file of how many, a retry it waits
+        for; never a URL or a credential. For a task run with C(async), awaited by M(llamafleet.cluster.await_progress)
+        with its O(llamafleet.cluster.await_progress#module:progress_file). Not written in check mode, nor when
+        every file is in place.
+    type: path
+    version_added: "0.4.0"
   labels:
     description:
       - How errors name the settings to fix, for callers with other names (the model role passes its variables).
@@ -133,6 +142,24 @@ EXAMPLES = r"""
         sha256: "5d1cf0b2ad0fa8c7c3dd0bd1d1a8f4c4c0e21aa6f7f9a8f4bfae9a1c0f1e2d3a"
     token: "{{ vault_hf_token }}"
     retries: 10
+
+- name: Fetch in the background, keeping a progress file
+  llamafleet.cluster.model_fetch:
+    dest: /var/lib/llamafleet/models/big
+    files: "{{ model_files }}"
+    progress: /var/lib/llamafleet/models/big/.fetch-progress.json
+  async: 86400
+  poll: 0
+  register: fetch_job
+
+- name: Wait for it, with a line of bytes and rate every 15 s
+  llamafleet.cluster.await_progress:
+    what: model big
+    jid: "{{ fetch_job.ansible_job_id }}"
+    timeout: 86400
+    progress_file: /var/lib/llamafleet/models/big/.fetch-progress.json
+    every: 15
+  register: fetched
 """
 
 RETURN = r"""
@@ -162,6 +189,7 @@ retried:
 """
 
 import os
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -175,6 +203,7 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.fetch import (
     plan,
 )
 from ansible_collections.llamafleet.cluster.plugins.module_utils.fetch_policy import Names
+from ansible_collections.llamafleet.cluster.plugins.module_utils.fetch_progress import ProgressFile
 
 
 def http_of(params: dict) -> Http:
@@ -220,12 +249,23 @@ def run(module: AnsibleModule) -> dict:
         return result
     if todo and not os.path.isdir(dest):
         os.makedirs(dest, mode=0o755, exist_ok=True)
-    for state in todo:
-        try:
-            download(state, http)
-        except FetchError as exc:
-            module.fail_json(msg=str(exc), fetched=[s.spec.name for s in todo if os.path.isfile(s.path)],
-                             retried=http.notes)
+    progress = ProgressFile(params["progress"], [s.remote_size for s in todo]) if params["progress"] and todo else None
+    if progress:
+        http.sleep = lambda delay: (progress.waiting("retrying in %g s" % delay), time.sleep(delay))[1]
+    try:
+        for state in todo:
+            if progress:
+                progress.begin(state.spec.name, state.partial_bytes if state.action == "resume" else 0)
+            try:
+                download(state, http, report=progress.update if progress else lambda size: None)
+            except FetchError as exc:
+                module.fail_json(msg=str(exc), fetched=[s.spec.name for s in todo if os.path.isfile(s.path)],
+                                 retried=http.notes)
+            if progress:
+                progress.end(os.path.getsize(state.path))
+    finally:
+        if progress:
+            progress.close()
     for state in states:
         file_args = module.load_file_common_arguments(
             {"path": state.path, "owner": params["owner"], "group": params["group"], "mode": params["mode"]}
@@ -260,6 +300,7 @@ def main() -> None:
             retries=dict(type="int", default=5),
             retry_delay=dict(type="float", default=5),
             labels=dict(type="dict", default={}),
+            progress=dict(type="path"),
         ),
         supports_check_mode=True,
     )

@@ -125,3 +125,35 @@ def test_failure_message() -> None:
 ])
 def test_job_outcome(job: dict, failed: bool, timed_out: bool) -> None:
     assert ap.job_failed(job) is failed and ap.job_timed_out(job) is timed_out
+
+
+# --- a download's progress file (written by fetch_progress.ProgressFile, read on the controller) ----------------
+
+@pytest.mark.parametrize("nbytes, text", [(0, "0 B"), (1023, "1023 B"), (1536, "1.5 KiB"), (3 * 2**20, "3.0 MiB"),
+                                          (int(1.2 * 2**30), "1.2 GiB"), (int(6.4 * 2**30), "6.4 GiB"),
+                                          (3 * 2**40, "3072.0 GiB"), (-5, "0 B")])
+def test_size_text(nbytes: int, text: str) -> None:
+    assert ap.size_text(nbytes) == text
+
+
+@pytest.mark.parametrize("record, text", [
+    ({"phase": "downloading", "done": int(1.2 * 2**30), "total": int(6.4 * 2**30), "rate": 85e6, "index": 1,
+      "count": 1}, "1.2 GiB of 6.4 GiB (18%), 85 MB/s"),
+    ({"phase": "downloading", "done": 5 * 2**20, "total": 10 * 2**20, "rate": 2.45e6, "index": 2, "count": 3},
+     "5.0 MiB of 10.0 MiB (50%), 2.5 MB/s, file 2 of 3"),
+    # no rate yet (under half a second of samples), no total (a server without Content-Length)
+    ({"phase": "downloading", "done": 2048, "total": None, "rate": None, "index": 1, "count": 1}, "2.0 KiB"),
+    ({"phase": "resuming", "done": 3 * 2**30, "total": 6 * 2**30, "rate": None, "index": 1, "count": 1},
+     "resuming, 3.0 GiB of 6.0 GiB (50%)"),
+    ({"phase": "downloading", "done": 2**20, "total": 2**21, "rate": 0, "index": 1, "count": 1,
+      "note": "retrying in 5 s"}, "1.0 MiB of 2.0 MiB (50%), 0.0 MB/s, retrying in 5 s"),
+    ({"phase": "checking"}, "checking"),
+    ({"done": True, "total": "x", "count": "2"}, None),
+])
+def test_transfer_of(record: dict, text: str | None) -> None:
+    assert ap.transfer_of(json.dumps(record, indent=1)) == text
+
+
+@pytest.mark.parametrize("text", ["", "cat: /x/.model_fetch-progress.json: No such file or directory", '{"done": 1'])
+def test_transfer_of_no_record(text: str) -> None:
+    assert ap.transfer_of(text) is None

@@ -202,3 +202,48 @@ def test_the_token_is_not_in_an_error_about_the_cdn(flaky_model, tmp_path: Path,
     finally:
         cdn.shutdown()
         cdn.server_close()
+
+
+def test_the_progress_file_while_it_downloads_and_retries(flaky_model, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """What await_progress shows of a download (the role runs it async): bytes of the total, the retry it waits for,
+    no URL and no token; the file is gone when the module ends."""
+    import threading
+
+    from tests.unit.flaky_server import Rule
+
+    from llamafleet.core.await_progress import transfer_of
+
+    srv, sha = flaky_model
+    srv.require = dict(BEARER)
+    srv.rules = [Rule(kind="get", drop_after=1_000_000)]
+    dest = tmp_path / "dest"
+    progress = dest / ".model_fetch-progress.json"
+    seen: list[str] = []
+    raw: list[str] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            try:
+                text = progress.read_text()
+            except OSError:
+                text = ""
+            if text:
+                raw.append(text)
+                seen.append(transfer_of(text) or "")
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        rc, result = run_module({"files": [{"url": srv.url("big.gguf"), "sha256": sha}], "dest": str(dest),
+                                 "free_margin_mib": 0, "timeout": 5, "retry_delay": 0.3, "token": TOKEN,
+                                 "progress": str(progress)}, capsys)
+    finally:
+        stop.set()
+        watcher.join()
+    assert rc == 0 and len(result["retried"]) == 1, result
+    assert not progress.exists() and sorted(p.name for p in dest.iterdir()) == [".big.gguf.verified", "big.gguf"]
+    assert any(text.endswith("of 2.3 MiB (41%), retrying in 0.3 s") for text in seen), seen
+    assert not [text for text in raw if TOKEN in text or "127.0.0.1" in text or "http" in text]
