@@ -23,10 +23,13 @@ from tests.unit.gguf_testfile import write_gguf
 
 REPO = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
-RATE = 3 * 1024 * 1024 // 2  # bytes per second the server sends a whole file (the header check's ranges at full speed)
-SIZE_MIB = 6
+# bytes per second the server sends a whole file (the header check's ranges at full speed): the download takes about
+# 4 s, in blocks of 4 MiB (fetch reads that much at a time), so the progress file changes every 0.7 s
+RATE = 6 * 1024 * 1024
+SIZE_MIB = 24
 
-# One ansible-playbook run (each costs seconds): a download, the same again (converged), a file whose sha256 is wrong.
+# One ansible-playbook run (each costs seconds): a download, the same again (converged), a small file with the route
+# source (from the host), a small file whose sha256 is wrong.
 PLAYBOOK = """\
 - name: Download
   hosts: box
@@ -52,9 +55,25 @@ PLAYBOOK = """\
   roles:
     - llamafleet.cluster.model
   post_tasks:
+    - name: Keep the result
+      ansible.builtin.set_fact:
+        converged: "{{{{ __model_controller }}}}"
+
+- name: Each host from the source
+  hosts: box
+  gather_facts: false
+  vars:
+    <<: *vars
+    model_name: small
+    model_files: {small}
+    model_fetch_route: source
+  roles:
+    - llamafleet.cluster.model
+  post_tasks:
     - name: Save the results
       ansible.builtin.copy:
-        content: "{{{{ {{'downloaded': downloaded, 'converged': __model_controller}} | to_json }}}}"
+        content: "{{{{ {{'downloaded': downloaded, 'converged': converged, 'source': __model_fetch,
+                      'source_info': model_info}} | to_json }}}}"
         dest: {tmp}/results.json
         mode: "0644"
       check_mode: false
@@ -69,6 +88,7 @@ PLAYBOOK = """\
   roles:
     - llamafleet.cluster.model
 """
+
 
 # Check mode: reports, downloads nothing, starts no job.
 CHECK = """\
@@ -125,11 +145,13 @@ class _SlowHandler(MirrorHandler):
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory):
-    """(base URL, the served folder, the GGUF's sha256) of a throttled server."""
+    """(base URL, the served folder, synth.gguf's sha256) of a server that sends whole files slowly."""
     root = tmp_path_factory.mktemp("source")
     write_gguf(root / "synth.gguf", {"general.architecture": "llama", "llama.block_count": 1,
                                      "llama.embedding_length": 64},
                [("blk.0.w", (1024, SIZE_MIB * 1024 // 4), 0)])
+    write_gguf(root / "small.gguf", {"general.architecture": "llama", "llama.block_count": 1,
+                                     "llama.embedding_length": 64}, [("blk.0.w", (64, 64), 0)])
     server = MirrorServer(("127.0.0.1", 0), root)
     server.RequestHandlerClass = _SlowHandler
     server.handle_error = lambda *args: None
@@ -161,18 +183,20 @@ def test_a_download_shows_progress_a_converged_run_waits_for_nothing_and_a_bad_f
         source, tmp_path: Path) -> None:
     base, root, sha = source
     files = [{"url": base + "/synth.gguf", "sha256": sha}]
-    wrong = [{"url": base + "/synth.gguf", "sha256": "0" * 64}]
-    out, res = play(tmp_path, PLAYBOOK.format(tmp=tmp_path, files=json.dumps(files), wrong=json.dumps(wrong)))
+    small = [{"url": base + "/small.gguf", "sha256": hashlib.sha256((root / "small.gguf").read_bytes()).hexdigest()}]
+    wrong = [dict(small[0], sha256="0" * 64)]
+    out, res = play(tmp_path, PLAYBOOK.format(tmp=tmp_path, files=json.dumps(files), small=json.dumps(small),
+                                              wrong=json.dumps(wrong)))
     assert "RETRYING" not in out and "retries left" not in out
     by_play = plays(out)
     first = by_play["Download"]
     assert "controller: model synth: waiting up to 24h00m (model_download_timeout)" in first, out
-    lines = re.findall(r"^controller: model synth: (\d+\.\d) MiB of 6\.\d MiB \((\d+)%\), ([\d.]+) MB/s, \d+s elapsed$",
+    lines = re.findall(r"^controller: model synth: (\d+\.\d) MiB of 24\.0 MiB \((\d+)%\), ([\d.]+) MB/s, \d+s elapsed$",
                        first, re.M)
     assert lines, out
     # the bytes grow, at about the server's rate
     assert [float(line[0]) for line in lines] == sorted(float(line[0]) for line in lines)
-    assert all(0.8 < float(line[2]) < 2.5 for line in lines if float(line[0]) > 1), lines
+    assert all(3 < float(line[2]) < 9 for line in lines if float(line[0]) > 4), lines
     assert "controller: model synth: done in " in first
     got = res["downloaded"]["controller"]
     assert got["changed"] is True and got["fetched"] == ["synth.gguf"] and not got.get("failed")
@@ -189,11 +213,17 @@ def test_a_download_shows_progress_a_converged_run_waits_for_nothing_and_a_bad_f
     assert got["changed"] is False and got["fetched"] == [] and "ansible_job_id" not in got
     assert got["paths"] == [str(tmp_path / "cache" / "synth" / "synth.gguf")]
 
+    # the route source: the host's own job, registered as __model_fetch
+    got = res["source"]
+    assert got["changed"] is True and got["fetched"] == ["small.gguf"] and not got.get("failed")
+    assert got["paths"] == res["source_info"]["paths"] == [str(tmp_path / "models" / "small" / "small.gguf")]
+    assert "Wait for the model download] " in by_play["Each"], by_play["Each"]
+
     # a download that fails: the host, the work, the module's message naming the variable; no progress file left
     bad = by_play["Wrong"]
-    assert re.search(r"controller: model wrong failed after \d+s: model_files\[0\]\.url http://127\.0\.0\.1:\d+/synth"
-                     r"\.gguf: sha256 mismatch: expected 0{64}, got %s; the pinned sha256 or the source is wrong" % sha,
-                     bad), bad
+    assert re.search(r"controller: model wrong failed after \d+s: model_files\[0\]\.url http://127\.0\.0\.1:\d+/small"
+                     r"\.gguf: sha256 mismatch: expected 0{64}, got %s; the pinned sha256 or the source is wrong"
+                     % small[0]["sha256"], bad), bad
     assert "failed=1" in out
     assert sorted(os.listdir(tmp_path / "cache" / "wrong")) == []
 
