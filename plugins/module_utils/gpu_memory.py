@@ -47,6 +47,7 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 SYSTEM_SLICE = "system.slice"
 
 ReadText = Callable[[str], Optional[str]]
+MainPid = Callable[[str], int]  # a unit's name -> its MainPID as systemd reports it (0: none)
 
 # (limit files in order, charge file, the memory.stat keys of reclaimable page cache) per hierarchy
 _FILES = {
@@ -175,29 +176,49 @@ def unit_procs_files(init_cgroup: str, unit: str, root: str = CGROUP_ROOT) -> li
     return files
 
 
-def read_unit_rss(read_text: ReadText, init_cgroup: str, unit: str, root: str = CGROUP_ROOT) -> dict[str, Any]:
+def process_tree(read_text: ReadText, pid: int) -> list[int]:
+    """``pid`` and its descendants, by ``/proc/PID/task/PID/children`` (the children its main thread started)."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        current = todo.pop()
+        if current > 0 and current not in found:
+            found.add(current)
+            todo.extend(parse_pids(read_text("/proc/%d/task/%d/children" % (current, current))))
+    return sorted(found)
+
+
+def read_unit_rss(read_text: ReadText, init_cgroup: str, unit: str, root: str = CGROUP_ROOT,
+                  main_pid: MainPid | None = None) -> dict[str, Any]:
     """What ``unit``'s processes hold resident (:func:`parse_status_rss`), for a unit without a memory cgroup.
 
-    Returns ``{"unit", "source": "unit RSS", "procs_files": the cgroup.procs files read, "pids", "rss_bytes"}``;
-    ``pids`` is empty when no hierarchy lists the unit (not running).
+    The processes are those its ``cgroup.procs`` lists (:func:`unit_procs_files`); where no hierarchy has that file,
+    ``main_pid(unit)`` (systemd's ``MainPID``, 0 for none) and its descendants. Returns ``{"unit", "source": "unit
+    RSS", "procs_files": the cgroup.procs files read, "main_pid", "pids", "rss_bytes"}``; ``pids`` is empty when
+    the unit is not running.
     """
-    files, pids = [], set()
+    files, pids, main = [], set(), 0
     for path in unit_procs_files(init_cgroup, unit, root):
         text = read_text(path)
         if text is not None:
             files.append(path)
             pids.update(parse_pids(text))
+    if not files and main_pid is not None:
+        main = main_pid(unit)
+        pids.update(process_tree(read_text, main) if main > 0 else [])
     rss = sum(parse_status_rss(read_text("/proc/%d/status" % pid)) or 0 for pid in pids)
-    return {"unit": unit, "source": "unit RSS", "procs_files": files, "pids": sorted(pids), "rss_bytes": rss}
+    return {"unit": unit, "source": "unit RSS", "procs_files": files, "main_pid": main, "pids": sorted(pids),
+            "rss_bytes": rss}
 
 
-def read_memory_limits(read_text: ReadText, units: Sequence[str] = (), root: str = CGROUP_ROOT) -> dict[str, Any]:
+def read_memory_limits(read_text: ReadText, units: Sequence[str] = (), root: str = CGROUP_ROOT,
+                       main_pid: MainPid | None = None) -> dict[str, Any]:
     """The cgroups above a service's unit on this host, and what the service's own units hold.
 
     ``units`` are the systemd units of the service (an rpc-server's, llama-server's); their cgroups are
     ``<systemd root>/system.slice/<unit>``. Without units, the chain starts at this process's own cgroup.
     A unit whose memory cgroup has no charge to read (none of its own: see the module's notes) holds the resident
-    memory of its processes (:func:`read_unit_rss`).
+    memory of its processes (:func:`read_unit_rss`, which asks ``main_pid`` where no hierarchy lists them).
     Returns ``{"hierarchy": "cgroup2" | "cgroup1" | None, "cgroups": [read_cgroup entries, innermost first],
     "own_bytes": what the units hold, "units": [their entries, each with its ``unit`` and ``source``]}``.
     """
@@ -218,7 +239,7 @@ def read_memory_limits(read_text: ReadText, units: Sequence[str] = (), root: str
             entry = read_cgroup(read_text, mount, _join(_join(base, SYSTEM_SLICE), unit), hierarchy)
             entry.update(unit=unit, source="cgroup %s" % entry["path"])
         if entry["current_bytes"] is None:
-            processes = read_unit_rss(read_text, init_cgroup, unit, root)
+            processes = read_unit_rss(read_text, init_cgroup, unit, root, main_pid)
             entry.update(processes, current_bytes=processes["rss_bytes"], cache_bytes=0)
         result["units"].append(entry)
         result["own_bytes"] += in_use(entry)

@@ -23,7 +23,7 @@ from .gpu_devices import (
     rpc_exposed_devices,
     select_backend_devices,
 )
-from .gpu_memory import memory_figures, read_memory_limits
+from .gpu_memory import MainPid, memory_figures, read_memory_limits
 from .gpu_parsers import (
     NVIDIA_SMI_QUERY,
     merge_vulkan,
@@ -37,6 +37,7 @@ from .gpu_parsers import (
     parse_vk_visible_devices,
     parse_vulkaninfo_summary,
 )
+from .systemd_show import show_argv
 
 RPC_PROBE_DEVICE = "__llamafleet_probe__"
 
@@ -117,7 +118,9 @@ def collect_devices(run: Runner, which: Which, read_text: ReadText,
     Vulkan devices as llama.cpp does (CPU-type ones included).
 
     The CPU entry's figures are the tighter of /proc/meminfo and the cgroup limits above the service's systemd
-    ``units`` (gpu_memory: a container's or a slice's memory.max), what those units hold counted as theirs;
+    ``units`` (gpu_memory: a container's or a slice's memory.max), what those units hold counted as theirs (their
+    processes' resident memory where a unit has no memory cgroup; ``systemctl show`` gives its MainPID where no
+    cgroup hierarchy lists them);
     ``total_source`` and ``free_source`` say where each figure came from, ``memory`` has the details.
 
     Returns ``{"devices", "rpc_devices", "backend", "tools", "warnings", "errors"}``.
@@ -132,7 +135,7 @@ def collect_devices(run: Runner, which: Which, read_text: ReadText,
             probe.devices += _PROBES[backend](probe, environ or {})
     for dev in probe.devices:
         if dev["backend"] == "cpu":
-            limit_cpu_memory(dev, read_memory_limits(read_text, units))
+            limit_cpu_memory(dev, read_memory_limits(read_text, units, main_pid=systemd_main_pid(run, which)))
 
     for dev in probe.devices:
         if "ggml_name" not in dev and dev["backend"] in GGML_PREFIX:
@@ -152,6 +155,20 @@ def collect_devices(run: Runner, which: Which, read_text: ReadText,
             backend = preferred_backend(rpc_devices)
     return {"devices": probe.devices, "rpc_devices": rpc_devices, "backend": backend, "tools": probe.tools,
             "warnings": probe.warnings, "errors": probe.errors}
+
+
+def systemd_main_pid(run: Runner, which: Which) -> MainPid:
+    """A unit's MainPID by ``systemctl show`` (0 without systemctl, for a unit not running, or when it fails)."""
+
+    def main_pid(unit: str) -> int:
+        systemctl = which("systemctl")
+        if not systemctl:
+            return 0
+        rc, out, dummy = run([systemctl] + show_argv(unit, ["MainPID"], value=True)[1:])
+        value = out.strip()
+        return int(value) if rc == 0 and value.isdigit() else 0
+
+    return main_pid
 
 
 def limit_cpu_memory(dev: dict[str, Any], limits: dict[str, Any]) -> None:

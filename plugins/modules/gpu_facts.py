@@ -27,7 +27,8 @@ description:
   - What a unit holds is its own memory cgroup's charge less its page cache. Where the unit has no memory cgroup of its
     own (an nspawn host on a cgroup v1 or hybrid machine sees the memory controller read-only), it is the resident
     memory (C(RssAnon) + C(RssShmem) of C(/proc/PID/status)) of the processes its C(cgroup.procs) lists in systemd's
-    hierarchy (unified, or v1's C(name=systemd)); C(free_source) then says C(by unit RSS), and the CPU device's
+    hierarchy (unified, or v1's C(name=systemd)), or where none lists them C(systemctl show)'s C(MainPID) and its
+    children; C(free_source) then says C(by unit RSS), and the CPU device's
     C(memory.units) lists each unit's C(source), C(own_mib) and C(pids).
 author: llamafleet maintainers (@llamafleet)
 extends_documentation_fragment:

@@ -24,6 +24,7 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_memory impo
     parse_proc_cgroup,
     parse_stat_file_bytes,
     parse_status_rss,
+    process_tree,
     read_memory_limits,
     systemd_root,
     unit_procs_files,
@@ -405,3 +406,38 @@ def test_pids_of_a_real_cgroup_procs() -> None:
     mount, path = found[0]
     assert os.getpid() in parse_pids(read_text_file(mount + path.rstrip("/") + "/cgroup.procs"))
     assert parse_pids("") == [] and parse_pids(None) == [] and parse_pids("12\n345\n") == [12, 345]
+
+
+def test_without_cgroup_procs_the_units_main_pid_and_its_children(tmp_path: Path, held_status) -> None:
+    """No hierarchy lists the unit: systemd's MainPID (by systemctl show, as gpu_probe asks it) and its children."""
+    pid, status, dummy = held_status
+    rss = parse_status_rss(status)
+    files = nspawn_v1(pid, status, others=900 * MIB + rss, procs=False)  # the child's child holds as much again
+    files.update({"/proc/%d/task/%d/children" % (pid, pid): "%d " % (pid + 1),
+                  "/proc/%d/status" % (pid + 1): status})
+    systemctl = ("show", "--property=MainPID", "--value", "--", RPC_UNIT)
+    calls = []
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        calls.append(argv)
+        return (0, "%d\n" % pid, "") if tuple(argv[1:]) == systemctl else (1, "", "unexpected")
+
+    files["/proc/meminfo"] = MEMINFO
+    found = collect_devices(run, lambda name: "/usr/bin/" + name if name == "systemctl" else None,
+                            tree(tmp_path, files), backends=["cpu"], units=[RPC_UNIT])
+    (cpu,) = found["rpc_devices"]
+    assert calls == [["/usr/bin/systemctl", *systemctl]]
+    assert cpu["memory"]["units"] == [{"unit": RPC_UNIT, "source": "unit RSS", "own_mib": 2 * rss // MIB,
+                                       "pids": [pid, pid + 1]}]
+    assert cpu["free_mib"] == 4096 - 900
+    # a unit that is not running: MainPID 0, nothing held
+    limits = read_memory_limits(tree(tmp_path / "stopped", nspawn_v1(pid, status, 0, procs=False)), [RPC_UNIT],
+                                main_pid=lambda unit: 0)
+    assert (limits["own_bytes"], limits["units"][0]["pids"], limits["units"][0]["main_pid"]) == (0, [], 0)
+
+
+@needs(os.path.exists("/proc/%d/task/%d/children" % (os.getpid(), os.getpid())), "/proc/PID/task/PID/children")
+def test_process_tree_of_this_process() -> None:
+    with holding_process(1) as pid:
+        assert {os.getpid(), pid} <= set(process_tree(read_text_file, os.getpid()))
+    assert process_tree(lambda path: None, 0) == []
