@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import pytest
 import yaml
 
@@ -26,6 +27,7 @@ from llamafleet.core import constants as c
 from llamafleet.core import gate_metrics as gm
 from llamafleet.core import rpc_metrics as rm
 from llamafleet.core.systemd_unit import render_rpc_server_unit
+from ansible_collections.llamafleet.cluster.plugins.filter.host_files import host_package_files
 from tests.unit.gate_exposition import lab_exposition, parse_exposition
 
 REPO = Path(__file__).resolve().parents[3]
@@ -191,20 +193,38 @@ def test_the_dashboard_is_provisionable() -> None:
     assert targets and all(t["datasource"] == {"type": "prometheus", "uid": "${datasource}"} for t in targets)
 
 
-GATE_LOOP = "{{ lookup('llamafleet.cluster.constants', 'gate_scripts') }}"
+def _render(text: Any) -> Any:
+    """A role's Jinja expression evaluated with the collection's own constants and host_package_files filter (the
+    other variables undefined), as Ansible would: how the tests below read what a host_files task installs."""
+    env = jinja2.Environment()
+    env.filters["llamafleet.cluster.host_package_files"] = host_package_files
+    table = c.as_dict()
+
+    def lookup(name: str, key: str) -> Any:
+        assert name == "llamafleet.cluster.constants", name
+        value = table[key]
+        return list(value) if isinstance(value, tuple) else value
+
+    if not isinstance(text, str):
+        return text
+    if text.strip().startswith("{{") and text.strip().endswith("}}") and text.count("{{") == 1:
+        return env.compile_expression(text.strip()[2:-2])(lookup=lookup, role_path="ROLE")
+    return env.from_string(text).render(lookup=lookup, role_path="ROLE")
 
 
 def _copies(path: Path) -> dict[str, str]:
-    """dest -> src of the copy tasks of a task file (blocks included; a loop over constants.GATE_SCRIPTS, the one
-    loop a copy may have, expanded)."""
+    """dest -> src of the files the host_files tasks of a task file install (blocks included), their expressions
+    evaluated; a task file must not copy the host scripts any other way."""
     tasks = _yaml(path)
     tasks = tasks + [t for block in tasks for t in block.get("block", [])]
+    assert not [t for t in tasks if "ansible.builtin.copy" in t and "module_utils" in str(t)], path
     copies = {}
-    for task in (t for t in tasks if "ansible.builtin.copy" in t):
-        copy = task["ansible.builtin.copy"]
-        assert task.get("loop", GATE_LOOP) == GATE_LOOP, task
-        for item in c.GATE_SCRIPTS if "loop" in task else [None]:
-            copies[copy["dest"].replace("{{ item }}", item or "")] = copy.get("src", "").replace("{{ item }}", item or "")
+    for task in (t for t in tasks if "llamafleet.cluster.host_files" in t):
+        files = _render(task["llamafleet.cluster.host_files"]["files"])
+        for item in files:
+            dest = _render(item["dest"])
+            if isinstance(dest, str):  # not a role variable, left undefined here
+                copies[dest] = _render(item["src"]) if "src" in item else ""
     return copies
 
 
@@ -216,7 +236,7 @@ def _copies(path: Path) -> dict[str, str]:
 def test_the_roles_install_the_host_scripts_in_the_host_package(tasks: str, scripts: list[str]) -> None:
     """rpc_metrics.py imports the gate's modules relatively, and they systemd_show: all go to the host package
     (HOST_PACKAGE_DIR)."""
-    package = "{{ lookup('llamafleet.cluster.constants', 'host_package_dir') }}/"
+    package = c.HOST_PACKAGE_DIR + "/"
     copies = {dest[len(package):]: src for dest, src in _copies(REPO / "roles" / tasks).items() if dest.startswith(package)}
     assert sorted(copies) == scripts
     assert set(scripts) - {"__init__.py"} <= set(c.HOST_SCRIPTS)
