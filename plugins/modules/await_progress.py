@@ -17,8 +17,9 @@ description:
     time the last run took, in place of a task's C(FAILED - RETRYING) lines. The phase is the last line of
     O(phase_log) that starts with O(phase_marker), with the build's progress after it (cmake's C([ 45%]) or Ninja's C([12/345]));
     for a job that keeps a progress file (O(progress_file), as M(llamafleet.cluster.model_fetch) does), its bytes
-    done of the total, its rate and which file of how many; for a URL, the last answer (its status and error message). The estimate is O(estimate), or the newest of the JSON records O(history) whose
-    values equal O(history_match)."
+    done of the total, its rate and which file of how many; for a URL, the last answer (its status and error
+    message). The estimate is O(estimate), or the newest of the JSON records O(history) whose values equal
+    O(history_match)."
   - After O(timeout) seconds it fails with a message that names the host, the work and the variable O(timeout_var)
     that sets the timeout, with the output of O(diagnose). A job that failed is reported the same way, with its
     return code; the task then fails.
@@ -87,8 +88,9 @@ options:
     default: "==> "
   progress_file:
     description:
-      - A JSON file on the host that the job rewrites as it goes (M(llamafleet.cluster.model_fetch)'s O(llamafleet.cluster.model_fetch#module:progress)),
-        read before each progress line; C(done), C(total) and C(rate) (bytes, bytes per second), C(index) and
+      - A JSON file on the host that the job rewrites as it goes (M(llamafleet.cluster.model_fetch)'s
+        O(llamafleet.cluster.model_fetch#module:progress)), read before each progress line; C(done), C(total) and
+        C(rate) (bytes, bytes per second), C(index) and
         C(count) (files), C(phase) and C(note). Before the job writes it, and after it removes it, O(phase_log)
         says the phase.
     type: str

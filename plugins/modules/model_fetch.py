@@ -110,8 +110,8 @@ options:
   progress:
     description:
       - A file to keep the download's progress in while it runs (JSON, rewritten at most once a second, removed
-        when the module ends): bytes done and to fetch, the recent rate, which file of how many, a retry it waits
-        for; never a URL or a credential. For a task run with C(async), awaited by M(llamafleet.cluster.await_progress)
+        when the module ends), with the bytes done and to fetch, the recent rate, which file of how many and a retry
+        it waits for; never a URL or a credential. For a task run with C(async), awaited by M(llamafleet.cluster.await_progress)
         with its O(llamafleet.cluster.await_progress#module:progress_file). Not written in check mode, nor when
         every file is in place.
     type: path

@@ -51,11 +51,11 @@ def test_the_rate_follows_the_last_seconds(tmp_path: Path) -> None:
     prog = ProgressFile(str(path), [None], clock=clock)
     prog.begin("a.gguf")
     done = 0
-    for _ in range(30):  # 30 s at 10 MB/s, then a slow link
+    for _second in range(30):  # 30 s at 10 MB/s, then a slow link
         clock.now += 1
         done += 10_000_000
         prog.update(done)
-    for _ in range(int(WINDOW) + 2):
+    for _second in range(int(WINDOW) + 2):
         clock.now += 1
         done += 1_000_000
         prog.update(done)
