@@ -46,3 +46,28 @@ def parse_show_units(text: str) -> list[dict[str, str]]:
     if current:
         units.append(current)
     return units
+
+
+# UnitFileState values of a unit that starts at boot (or needs no enabling); masked ones are refused.
+_ENABLED_STATES = frozenset(("enabled", "enabled-runtime", "static", "alias", "indirect", "generated", "transient"))
+# ActiveState values of a unit that is running or on its way (a timer waiting is "active").
+_RUNNING_STATES = frozenset(("active", "activating", "reloading"))
+
+
+def units_to_enable_and_start(units: list[str], shown: list[dict[str, str]]
+                              ) -> tuple[list[str], list[str], list[str]]:
+    """``units`` and their ``systemctl show -p Id,LoadState,UnitFileState,ActiveState`` blocks (in that order) ->
+    (units to enable, units to start, problems naming each unit that cannot be: not found, masked, a bad file)."""
+    if len(shown) != len(units):
+        raise ValueError("asked about %d units, systemctl described %d" % (len(units), len(shown)))
+    to_enable, to_start, problems = [], [], []
+    for unit, props in zip(units, shown):
+        load, file_state = props.get("LoadState", ""), props.get("UnitFileState", "")
+        if load != "loaded" or file_state.startswith("masked"):
+            problems.append("%s cannot be started: LoadState=%s UnitFileState=%s" % (unit, load, file_state or "-"))
+            continue
+        if file_state not in _ENABLED_STATES:
+            to_enable.append(unit)
+        if props.get("ActiveState", "") not in _RUNNING_STATES:
+            to_start.append(unit)
+    return to_enable, to_start, problems

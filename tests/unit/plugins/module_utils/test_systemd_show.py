@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llamafleet.core.systemd_show import parse_show, parse_show_units, show_argv
+from llamafleet.core.systemd_show import parse_show, parse_show_units, show_argv, units_to_enable_and_start
 
 FIXTURES = Path(__file__).resolve().parents[2] / "llamafleet" / "fixtures"
 
@@ -47,3 +47,29 @@ def test_blocks_per_unit_reject_other_text() -> None:
     with pytest.raises(ValueError, match="not a property line"):
         parse_show_units("Failed to connect to bus: Host is down\n")
     assert parse_show_units("") == []
+
+
+STATES = FIXTURES / "systemctl-252_show_states_lab2_real.txt"
+
+
+def test_what_to_enable_and_start_on_a_converged_worker() -> None:
+    """Recorded on lab2 after a deploy: the worker's units need nothing, a oneshot running now (static, activating)
+    neither; the unit that is not there and the masked one are refused by name; a disabled, stopped unit is both."""
+    shown = parse_show_units(STATES.read_text(encoding="utf-8"))
+    units = [block["Id"] for block in shown]
+    assert units[:5] == ["llamafleet-rpc-firewall.service", "llamafleet-rpc-server.service",
+                         "llamafleet-rpc-guard.service", "llamafleet-rpc-metrics.service", "llamafleet-rpc-metrics.timer"]
+    to_enable, to_start, problems = units_to_enable_and_start(units, shown)
+    assert to_enable == ["nftables.service"] and to_start == ["nftables.service"]
+    assert problems == [
+        "llamafleet-no-such.service cannot be started: LoadState=not-found UnitFileState=-",
+        "llamafleet-probe-masked.service cannot be started: LoadState=masked UnitFileState=masked"]
+    stopped = [dict(block, ActiveState="failed") if block["Id"] == "llamafleet-rpc-server.service" else block
+               for block in shown[:5]]
+    assert units_to_enable_and_start(units[:5], stopped) == ([], ["llamafleet-rpc-server.service"], [])
+
+
+def test_what_to_enable_and_start_needs_a_block_per_unit() -> None:
+    shown = parse_show_units(STATES.read_text(encoding="utf-8"))
+    with pytest.raises(ValueError, match="asked about 2 units, systemctl described 9"):
+        units_to_enable_and_start(["a.service", "b.service"], shown)
