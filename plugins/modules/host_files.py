@@ -19,6 +19,10 @@ description:
   - Each file's content is either given (O(files[].content)) or read on the controller from O(files[].src) by the
     action plugin of the same name; files must be UTF-8 text.
   - Supports check mode and diff mode (one diff per changed file).
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - llamafleet.cluster.attributes
+  - llamafleet.cluster.attributes.files
 options:
   directories:
     description: Directories to create (with their parents) or fix, before the files.
@@ -72,7 +76,7 @@ options:
         type: str
         default: "0644"
 author:
-  - llamafleet maintainers
+  - llamafleet maintainers (@llamafleet)
 """
 
 EXAMPLES = r"""

@@ -17,6 +17,15 @@ description:
   - A unit that is masked or not found fails the task, naming it. A unit that fails to start fails the task with the
     end of its journal.
   - Supports check mode (reports what it would enable or start).
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - llamafleet.cluster.attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reports the units it would enable or start, and changes nothing.
+  diff_mode:
+    support: none
 options:
   units:
     description: The units, for example C(llamafleet-rpc-server.service). An empty list does nothing.
@@ -28,7 +37,7 @@ options:
     type: bool
     default: false
 author:
-  - llamafleet maintainers
+  - llamafleet maintainers (@llamafleet)
 """
 
 EXAMPLES = r"""
@@ -92,7 +101,7 @@ def main():
         for unit in to_start:
             rc, out, err = module.run_command(["systemctl", "start", "--", unit])
             if rc != 0:
-                _, journal, _ = module.run_command(["journalctl", "-u", unit, "-n", "20", "--no-pager", "-o", "cat"])
+                journal = module.run_command(["journalctl", "-u", unit, "-n", "20", "--no-pager", "-o", "cat"])[1]
                 module.fail_json(msg="%s did not start: %s\n%s" % (unit, (err or out).strip(), journal.strip()),
                                  enabled=to_enable, started=[])
     module.exit_json(changed=bool(to_enable or to_start), enabled=to_enable, started=to_start)

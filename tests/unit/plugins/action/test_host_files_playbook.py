@@ -81,7 +81,7 @@ def play(tmp: Path, *args: str, playbook: str = "play.yml", ok: bool = True) -> 
 
 def test_install_then_nothing_then_only_what_differs(box: Path) -> None:
     root = box / "root"
-    _, first = play(box)
+    first = play(box)[1]
     assert first["changed"] is True
     expected = [root / "pkg", root / "private", root / "pkg/__init__.py", *(root / "pkg" / n for n in NAMES),
                 root / "private/helper"]
@@ -94,7 +94,7 @@ def test_install_then_nothing_then_only_what_differs(box: Path) -> None:
     assert oct((root / "private/helper").stat().st_mode & 0o7777) == "0o755"
     assert oct((root / "private").stat().st_mode & 0o7777) == "0o700"
 
-    _, second = play(box)
+    second = play(box)[1]
     assert second["changed"] is False and second["changed_paths"] == []
 
     # one file edited on the host, another re-moded: check mode and diff report both and write nothing
@@ -107,7 +107,7 @@ def test_install_then_nothing_then_only_what_differs(box: Path) -> None:
     assert edited.read_text() == "# edited by hand\n"
     assert oct((root / "pkg/rpc_proto.py").stat().st_mode & 0o7777) == "0o600"
 
-    _, fixed = play(box)
+    fixed = play(box)[1]
     assert fixed["changed_paths"] == [str(root / "pkg/rpc_proto.py"), str(edited)]
     assert edited.read_bytes() == (REPO / "plugins/module_utils/atomic_file.py").read_bytes()
     assert oct((root / "pkg/rpc_proto.py").stat().st_mode & 0o7777) == "0o644"
@@ -115,11 +115,11 @@ def test_install_then_nothing_then_only_what_differs(box: Path) -> None:
 
 
 def test_check_mode_on_a_bare_host_writes_nothing(box: Path) -> None:
-    _, checked = play(box, "--check")
+    checked = play(box, "--check")[1]
     assert checked["changed"] is True and len(checked["changed_paths"]) == len(NAMES) + 4
     assert not (box / "root").exists()
 
 
 def test_missing_directory_is_named(box: Path) -> None:
-    out, _ = play(box, playbook="missing.yml", ok=False)
+    out = play(box, playbook="missing.yml", ok=False)[0]
     assert f"its directory {box}/nowhere does not exist" in out
