@@ -103,14 +103,14 @@ lab-test: venv
 
 # Every end-to-end module, in tests/e2e/conftest.ORDER; it prints the time of each module and the 25 slowest steps.
 # The modules of tests/e2e/conftest.SEPARATE run by their own targets (separate-e2e-test, each alone), not here.
-E2E_SEPARATE := test_share_replan.py test_bench_builds.py test_big_model.py
+E2E_SEPARATE := test_share_replan.py test_host_firewall.py test_bench_builds.py test_big_model.py
 
 e2e-test: venv
 	@echo "==> end-to-end tests: a mixed CPU + Vulkan lab, then deploy.yml and the rest on a 3-host CPU lab (compiles the llama.cpp builds the controller has not cached)"
 	@$(BIN)/pytest -q --durations=25 $(addprefix --ignore=tests/e2e/,$(E2E_SEPARATE)) tests/e2e
 
-# What make test leaves out (CI's time): a re-plan's share moves, the two builds in one bench, the big model (about
-# 25 minutes).
+# What make test leaves out (CI's time): a re-plan's share moves, firewalld and ufw beside the worker firewall, the
+# two builds in one bench, the big model (about 30 minutes).
 separate-e2e-test: venv
 	@echo "==> end-to-end modules make test leaves out: $(E2E_SEPARATE)"
 	@$(BIN)/pytest -q --durations=10 $(addprefix tests/e2e/,$(E2E_SEPARATE))

@@ -2,8 +2,8 @@
 # Runs make's test stages, prints the time of each as it ends and a table at the end.
 # Usage: tests/run_stages.sh MAKE [--beside "STAGE..."] STAGE...
 # The STAGEs run in order; the first failure stops them. The --beside stages (those that need neither the lab nor a
-# llama.cpp build: the fast tier) run at the same time, one after another, while the lab stages mostly wait on hosts;
-# each writes its output to a log that is printed when it ends. The exit status is the first failure's, if any.
+# llama.cpp build: the fast tier) run at the same time, one after another, at the lowest CPU priority
+# (nice 19), while the lab stages mostly wait on hosts; each writes its output to a log that is printed when it ends. The exit status is the first failure's, if any.
 # The virtual environment is ready before this runs (make test: venv), so the stages do not install into it again
 # (two installs at once into one environment could break it).
 set -u
@@ -28,6 +28,9 @@ run_stage() {
 
 if [ -n "$beside" ]; then
   (
+    # at the lowest CPU priority: the lab stages (the longest path, CPU-bound on a 2-core machine) lose little to
+    # them, and they use what the lab stages leave while they wait on hosts
+    renice -n 19 -p "$BASHPID" > /dev/null 2>&1 || true
     for stage in $beside; do
       run_stage "$stage" > "$logs/beside-$stage.log" 2>&1
       rc=$?

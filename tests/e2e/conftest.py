@@ -31,7 +31,6 @@ ORDER = [
     "test_deploy.py",            # idempotence, check mode, bad input, changes that restore
     "test_faults.py",            # faults, the 2-minute partition included, on the converged lab
     "test_fleet_changes.py",
-    "test_host_firewall.py",
     "test_install_routes.py",    # deploys from a tarball, a clone and a wheel: nothing changes
     "test_lowest_ansible.py",    # deploy on the lowest ansible-core changes nothing
     "test_monitoring.py",        # adds Prometheus beside the cluster
@@ -46,6 +45,7 @@ ORDER = [
 # them make test would not end within CI's 90 minutes on a 2-core machine (README, "Test times").
 SEPARATE = {
     "test_share_replan.py": "make separate-e2e-test",  # fewest_hops and back: only the difference moves
+    "test_host_firewall.py": "make separate-e2e-test",  # firewalld, then ufw, installed beside the worker firewall
     "test_bench_builds.py": "make bench-builds-test",  # both releases side by side (compiles the other one if needed)
     "test_big_model.py": "make big-model-test",  # the 6.41 GiB model over hosts of 4 GiB each, left deployed
 }
