@@ -19,7 +19,8 @@ from .gate_decision import STATES
 from .http_wire import RequestHead, error_response
 
 
-# The gate's own metrics, answered by the gate in every state (with the API key when one is set).
+# The gate's own metrics, answered by the gate in every state (with the API key when one is set; never while the
+# key the config names cannot be read).
 GATE_METRICS_PATH = "/llamafleet/metrics"
 Sample = tuple[str, Mapping[str, str], float]
 # name: (type, help) of the gate's metrics, in the order it lists them.
@@ -185,9 +186,13 @@ def bearer_ok(req: RequestHead, key: str | None) -> bool:
     return any(hmac.compare_digest(value.strip().encode("utf-8"), expected) for value in req.get("authorization"))
 
 
-def metrics_response(req: RequestHead, key: str | None, text: str) -> bytes:
+def metrics_response(req: RequestHead, key: str | None, text: str, key_required: bool) -> bytes:
     """The answer to ``GET``/``HEAD`` :data:`GATE_METRICS_PATH`: 401 without the API key (when one is set),
-    else ``text`` as Prometheus text format."""
+    else ``text`` as Prometheus text format. Fails closed: with ``key_required`` (the config names an
+    api_key_file) but no ``key`` (the file missing, unreadable or empty), 503 and never the metrics."""
+    if key_required and not key:
+        return error_response(503, "the gate's metrics are closed: its API key file is missing, unreadable or empty",
+                              body=req.method != "HEAD")
     if not bearer_ok(req, key):
         return error_response(401, "the gate's metrics need the API key (Authorization: Bearer)",
                               body=req.method != "HEAD")

@@ -86,6 +86,7 @@ class Gate:
         self._server: asyncio.AbstractServer | None = None
         self._stopping = False
         # the gate's own metrics (GATE_METRICS_PATH) and the API key they need: set by serve() from the watchdog
+        # (no key while cfg names an api_key_file: the metrics stay closed)
         self.metrics_text: Callable[[], str] | None = None
         self.metrics_key: Callable[[], str | None] = lambda: None
 
@@ -209,7 +210,8 @@ class Gate:
             await self._answer(writer, error_response(exc.status, exc.message))
             return
         if req.path == GATE_METRICS_PATH and req.method in ("GET", "HEAD") and self.metrics_text is not None:
-            await self._answer(writer, metrics_response(req, self.metrics_key(), self.metrics_text()))
+            await self._answer(writer, metrics_response(req, self.metrics_key(), self.metrics_text(),
+                                                        key_required=self.cfg.api_key_file is not None))
             return
         self.counters["requests"] += 1
         if not admission(self.state, req):
@@ -301,6 +303,7 @@ class Gate:
         idle = _Abort(504, "llama-server sent nothing for %g s" % timeout)
         resp: ResponseHead | None = None
         chunked = sse = False
+        mode, length = "none", 0
         tail = b""
         try:
             buf = b""
@@ -316,13 +319,13 @@ class Gate:
                     continue
                 try:
                     head = parse_response_head(buf[:end + 4])
+                    mode, length = response_body(req.method, head)
                 except HeadError as exc:
                     raise _Abort(502, "bad answer from llama-server: %s" % exc.message) from None
                 buf = buf[end + 4:]
                 if 100 <= head.status < 200 and head.status != 101:
                     continue  # an interim answer: the gate already said 100 Continue itself
                 resp = head
-            mode, length = response_body(req.method, resp)
             chunked, sse = mode == "chunked", is_event_stream(resp)
             writer.write(client_response_head(resp))
             decoder = ChunkDecoder() if chunked else None

@@ -122,9 +122,9 @@ class Watchdog:
         try:
             with open(self.cfg.api_key_file, encoding="utf-8") as handle:
                 key = handle.read().strip()
-            self._error("key", None)
+            self._error("key", None if key else "api_key_file %s is empty" % self.cfg.api_key_file)
             return key or None
-        except OSError as exc:
+        except (OSError, UnicodeDecodeError) as exc:
             self._error("key", "cannot read api_key_file %s: %s" % (self.cfg.api_key_file, exc))
             return None
 

@@ -2,9 +2,9 @@
 # Copyright: llamafleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """HTTP/1.1 on the wire, as the serving gate speaks it: request and response heads parsed strictly (no
-smuggling: bare CR/LF, folding, both framings and bad lengths are refused), body framing, the chunked codec,
-error answers in llama-server's JSON shape, the SSE error event, and a one-shot client (the watchdog's
-``/health``, ``/metrics`` and canary).
+smuggling: bare CR/LF, folding, both framings, lengths other than ASCII digits, a missing or second Host are
+refused), body framing, the chunked codec, error answers in llama-server's JSON shape, the SSE error event, and a
+one-shot client (the watchdog's ``/health``, ``/metrics`` and canary).
 
 Part of the serving gate (see serving_gate.py for the map of its modules); stdlib only, runs on the hosts.
 """
@@ -31,6 +31,8 @@ _HOP_BY_HOP = frozenset(("connection", "keep-alive", "proxy-connection", "te", "
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _REQUEST_LINE = re.compile(r"^([!#$%&'*+.^_`|~0-9A-Za-z-]+) (\S+) HTTP/(1\.[01])$")
 _STATUS_LINE = re.compile(r"^HTTP/(1\.[01]) ([0-9]{3})(?: (.*))?$")
+# a Content-Length: ASCII digits only (no sign, space or other script), short enough for int() and 64 bits
+_LENGTH = re.compile(r"[0-9]{1,18}")
 LAST_CHUNK = b"0\r\n\r\n"
 
 
@@ -113,7 +115,12 @@ def parse_request_head(head: bytes) -> RequestHead:
     match = _REQUEST_LINE.match(lines[0])
     if not match:
         raise HeadError(400, "malformed request line %r" % lines[0][:80])
-    return RequestHead(match.group(1), match.group(2), match.group(3), _parse_headers(lines[1:], 400))
+    req = RequestHead(match.group(1), match.group(2), match.group(3), _parse_headers(lines[1:], 400))
+    # RFC 9112 3.2: one Host line at most, and one in every HTTP/1.1 request (HTTP/1.0 may go without)
+    hosts = len(req.get("host"))
+    if hosts > 1 or (not hosts and req.version == "1.1"):
+        raise HeadError(400, "more than one Host header" if hosts else "an HTTP/1.1 request needs a Host header")
+    return req
 
 
 def parse_response_head(head: bytes) -> ResponseHead:
@@ -126,22 +133,31 @@ def parse_response_head(head: bytes) -> ResponseHead:
 
 
 def request_body(req: RequestHead) -> tuple[str, int]:
-    """How the request body is framed: ("none", 0), ("length", N) or ("chunked", 0); HeadError otherwise."""
+    """How the request body is framed: ("none", 0), ("length", N) or ("chunked", 0); HeadError otherwise (400 for
+    a Content-Length that is not ASCII digits, 411 for a coding other than chunked)."""
     encodings = req.codings()
-    lengths = {value.strip() for value in req.get("content-length")}
     if encodings:
-        if lengths:
+        if req.get("content-length"):
             raise HeadError(400, "both Content-Length and Transfer-Encoding")
         if encodings != ["chunked"]:
             raise HeadError(411, "unsupported Transfer-Encoding %s (send chunked or a Content-Length)"
                             % ", ".join(encodings))
         return "chunked", 0
-    if not lengths:
-        return "none", 0
-    if len(lengths) > 1 or not lengths.pop().isdigit():
-        raise HeadError(400, "invalid Content-Length")
-    length = int(req.get("content-length")[0].strip())
+    length = content_length(req, 400)
     return ("length", length) if length else ("none", 0)
+
+
+def content_length(head: _Head, status: int) -> int | None:
+    """The Content-Length of ``head`` (None without one); HeadError(``status``) unless every value is the same
+    run of 1 to 18 ASCII digits (``str.isdigit`` takes superscripts and other scripts' digits, which ``int``
+    then refuses or reads)."""
+    values = set(head.get("content-length"))
+    if not values:
+        return None
+    value = values.pop()
+    if values or not _LENGTH.fullmatch(value):
+        raise HeadError(status, "invalid Content-Length %r" % value[:20])
+    return int(value)
 
 
 def wants_continue(req: RequestHead) -> bool:
@@ -173,16 +189,15 @@ def client_response_head(resp: ResponseHead) -> bytes:
 
 
 def response_body(method: str, resp: ResponseHead) -> tuple[str, int]:
-    """How the response body is framed: ("none", 0), ("length", N), ("chunked", 0) or ("close", 0)."""
+    """How the response body is framed: ("none", 0), ("length", N), ("chunked", 0) or ("close", 0); HeadError(502)
+    on a bad Content-Length."""
     if method == "HEAD" or resp.status in (204, 304) or 100 <= resp.status < 200:
         return "none", 0
     encodings = resp.codings()
     if encodings:
         return ("chunked", 0) if encodings[-1] == "chunked" else ("close", 0)
-    lengths = [value.strip() for value in resp.get("content-length")]
-    if lengths and lengths[0].isdigit():
-        return "length", int(lengths[0])
-    return "close", 0
+    length = content_length(resp, 502)
+    return ("close", 0) if length is None else ("length", length)
 
 
 def is_event_stream(resp: ResponseHead) -> bool:

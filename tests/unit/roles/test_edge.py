@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from llamafleet.bench import hostile
+from llamafleet.core import http_wire
 from tests.unit.needs import require
 
 REPO = Path(__file__).resolve().parents[3]
@@ -46,15 +47,23 @@ PLAY = """\
 
 
 class Gate(BaseHTTPRequestHandler):
-    """A stand-in for the serving gate: records each request's path and Authorization, answers 200."""
+    """A stand-in for the serving gate: records each request's path and Authorization, answers 200; what the real
+    gate's parser would refuse in the head HAProxy sent goes to ``refused``."""
 
     protocol_version = "HTTP/1.1"
     # the head and body in one write, at once (no delayed-ACK stall that would hide the edge's cost)
     wbufsize = 65536
     disable_nagle_algorithm = True
     seen: list[tuple[str, str | None, str | None]] = []
+    refused: list[str] = []
 
     def _answer(self) -> None:
+        head = self.raw_requestline + b"".join(b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1"))
+                                               for name, value in self.headers.items()) + b"\r\n"
+        try:
+            http_wire.request_body(http_wire.parse_request_head(head))
+        except http_wire.HeadError as exc:
+            Gate.refused.append("%s: %r" % (exc.message, head))
         length = int(self.headers.get("Content-Length") or 0)
         if length:
             self.rfile.read(length)
@@ -161,6 +170,7 @@ def test_config_keeps_secrets_out(edge) -> None:
 
 def test_hostile_suite(edge) -> None:
     Gate.seen.clear()
+    Gate.refused.clear()
     endpoint = hostile.Endpoint("127.0.0.1", edge["port"])
     results = hostile.run_suite(endpoint, KEY, "127.0.0.1:%d" % edge["port"], MAX_BODY, HEAD_TIMEOUT + 2)
     print(hostile.table(results))
@@ -173,6 +183,29 @@ def test_hostile_suite(edge) -> None:
         assert path == "/health" or auth.split(" ", 1)[1] == KEY, (path, auth)
         assert forwarded == "127.0.0.1"
     assert keyed_get(edge["port"]) == 200
+    # what the edge lets through, the gate's own parser takes (one Host, ASCII Content-Length)
+    assert Gate.refused == []
+
+
+@pytest.mark.parametrize(("raw", "status"), [
+    (b"GET /health HTTP/1.0\r\n\r\n", 200), (b"GET /health HTTP/1.0\r\nUser-Agent: probe\r\n\r\n", 200),
+    (b"GET /health HTTP/1.1\r\nHost: gate\r\nConnection: close\r\n\r\n", 200),
+    (b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n", 400),
+    (b"GET /health HTTP/1.1\r\nHost: a\r\nHost: b\r\nConnection: close\r\n\r\n", 400),
+    (b"POST /health HTTP/1.1\r\nHost: gate\r\nContent-Length: \xb2\r\nConnection: close\r\n\r\nx", 400),
+])
+def test_host_and_length_at_the_edge_and_the_gate(edge, raw: bytes, status: int) -> None:
+    """HTTP/1.0 probes without Host are served by the edge and the gate alike; HTTP/1.1 without one Host, or a
+    Content-Length other than digits, gets 400 at the edge and never reaches the gate."""
+    Gate.seen.clear()
+    Gate.refused.clear()
+    with socket.create_connection(("127.0.0.1", edge["port"]), timeout=5) as sock:
+        sock.sendall(raw)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    assert data.split(b" ", 2)[1] == str(status).encode(), data
+    assert (len(Gate.seen), Gate.refused) == ((1, []) if status == 200 else (0, []))
 
 
 def test_forwarded_for_is_the_edges(edge) -> None:
@@ -260,6 +293,7 @@ def test_tls_h2_and_keepalive(tmp_path: Path) -> None:
     pem = tmp_path / "edge.pem"
     pem.write_bytes((tmp_path / "cert.pem").read_bytes() + (tmp_path / "key.pem").read_bytes())
     (tmp_path / "api-key").write_text(KEY + "\n", encoding="utf-8")
+    Gate.refused.clear()
     gate = GateServer(("127.0.0.1", 0), Gate)
     threading.Thread(target=gate.serve_forever, daemon=True).start()
     port = free_port()
@@ -302,6 +336,8 @@ def test_tls_h2_and_keepalive(tmp_path: Path) -> None:
                                   *extra, url.replace("127.0.0.1", "edge")], capture_output=True, text=True,
                                  check=True, timeout=10)
             assert out.stdout == expected, out
+        # HTTP/2 turned into HTTP/1.1 by the edge: a head the gate's parser takes (Host from :authority)
+        assert Gate.refused == []
     finally:
         proc.terminate()
         proc.wait(10)

@@ -485,7 +485,12 @@ def test_response_head_rewriting() -> None:
 @pytest.mark.parametrize(("head", "status"), [
     (b"GET / HTTP/1.1\r\nHost x\r\n\r\n", 400), (b"HELLO\r\n\r\n", 400), (b"GET / HTTP/2.0\r\n\r\n", 400),
     (b"GET / HTTP/1.1\r\nA: b\r\n folded\r\n\r\n", 400), (b"GET / HTTP/1.1\r\nA: b\nC: d\r\n\r\n", 400),
-    (b"GET  / HTTP/1.1\r\n\r\n", 400),
+    (b"GET  / HTTP/1.1\r\nHost: gate\r\n\r\n", 400),
+    # RFC 9112 3.2: HTTP/1.1 needs one Host; a second one is refused in any version
+    (b"GET / HTTP/1.1\r\n\r\n", 400), (b"GET / HTTP/1.1\r\nX-Host: gate\r\n\r\n", 400),
+    (b"GET / HTTP/1.1\r\nHost: gate\r\nHost: gate\r\n\r\n", 400),
+    (b"GET / HTTP/1.1\r\nHost: gate\r\nhost: evil.example\r\n\r\n", 400),
+    (b"GET / HTTP/1.0\r\nHOST: a\r\nHost: b\r\n\r\n", 400), (b"GET / HTTP/1.1\r\nHost :gate\r\n\r\n", 400),
 ])
 def test_parse_request_head_refuses_garbage(head: bytes, status: int) -> None:
     with pytest.raises(HeadError) as info:
@@ -493,21 +498,72 @@ def test_parse_request_head_refuses_garbage(head: bytes, status: int) -> None:
     assert info.value.status == status
 
 
+@pytest.mark.parametrize("head", [
+    b"GET /health HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n\r\n", b"GET /health HTTP/1.1\r\nhost: gate\r\n\r\n",
+    b"GET /health HTTP/1.1\r\nHost:\r\n\r\n",  # empty: allowed when the target has no authority (RFC 9112 3.2)
+    b"GET /health HTTP/1.0\r\n\r\n", b"GET /health HTTP/1.0\r\nUser-Agent: probe\r\n\r\n",
+    b"GET /health HTTP/1.0\r\nHost: gate\r\n\r\n",
+])
+def test_parse_request_head_host_rules_accept(head: bytes) -> None:
+    assert http_wire.parse_request_head(head).path == "/health"
+
+
 @pytest.mark.parametrize(("headers", "framing"), [
     (b"", ("none", 0)), (b"Content-Length: 0\r\n", ("none", 0)), (b"Content-Length: 12\r\n", ("length", 12)),
     (b"Content-Length: 12\r\nContent-Length: 12\r\n", ("length", 12)),
     (b"Transfer-Encoding: chunked\r\n", ("chunked", 0)), (b"Transfer-Encoding: gzip, chunked\r\n", 411),
     (b"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n", 400), (b"Content-Length: 1\r\nContent-Length: 2\r\n", 400),
-    (b"Content-Length: -1\r\n", 400),
+    (b"Content-Length: -1\r\n", 400), (b"Content-Length:  5 \r\n", ("length", 5)), (b"Content-Length: 007\r\n", ("length", 7)),
+    # only ASCII digits: "\xb2" is latin-1 "²" (isdigit() but not int()), no sign, separator, other blank or a
+    # number past 18 digits (int() refuses 4300 digits and more)
+    (b"Content-Length: \xb2\r\n", 400), (b"Content-Length: 1\xb2\r\n", 400), (b"Content-Length: +5\r\n", 400),
+    (b"Content-Length: 5_0\r\n", 400), (b"Content-Length: 5\x0b\r\n", 400), (b"Content-Length: \xa05\r\n", 400),
+    (b"Content-Length: 5 5\r\n", 400), (b"Content-Length: 5, 5\r\n", 400), (b"Content-Length: 0x5\r\n", 400),
+    (b"Content-Length:\r\n", 400), (b"Content-Length: " + b"9" * 19 + b"\r\n", 400),
+    (b"Content-Length: " + b"1" * 5000 + b"\r\n", 400), (b"Content-Length: 5\r\nContent-Length: \xb2\r\n", 400),
 ])
 def test_request_body_framing(headers: bytes, framing: Any) -> None:
-    req = http_wire.parse_request_head(b"POST /completion HTTP/1.1\r\n" + headers + b"\r\n")
+    req = http_wire.parse_request_head(b"POST /completion HTTP/1.1\r\nHost: gate\r\n" + headers + b"\r\n")
     if isinstance(framing, int):
         with pytest.raises(HeadError) as info:
             http_wire.request_body(req)
         assert info.value.status == framing
     else:
         assert http_wire.request_body(req) == framing
+
+
+# values as they reach the framing (after the header's own spaces and tabs are gone), Unicode digits included
+BAD_LENGTHS = ["\u00b2", "\u0663", "\uff15", "+5", "-5", " 5 ", "5 ", "5_0", "5.0", "1e3", "0x5", "", "\xa05", "5\x0b",
+               "9" * 19, "1" * 5000]
+
+
+@pytest.mark.parametrize("value", BAD_LENGTHS)
+def test_content_length_other_than_ascii_digits_is_a_framing_error(value: str) -> None:
+    req = http_wire.RequestHead("POST", "/completion", "1.1", [("Host", "gate"), ("Content-Length", value)])
+    with pytest.raises(HeadError) as info:
+        http_wire.request_body(req)
+    assert info.value.status == 400
+    resp = http_wire.ResponseHead("1.1", 200, "OK", [("Content-Length", value)])
+    with pytest.raises(HeadError) as info:
+        http_wire.response_body("GET", resp)
+    assert info.value.status == 502
+
+
+@pytest.mark.parametrize(("lengths", "framing"), [
+    ([], ("close", 0)), (["0"], ("length", 0)), (["42"], ("length", 42)), (["42", "42"], ("length", 42)),
+    (["9" * 18], ("length", 10 ** 18 - 1)), (["42", "43"], 502), (["42", "\u00b2"], 502),
+])
+def test_response_body_framing(lengths: list[str], framing: Any) -> None:
+    resp = http_wire.ResponseHead("1.1", 200, "OK", [("Content-Length", value) for value in lengths])
+    if isinstance(framing, int):
+        with pytest.raises(HeadError) as info:
+            http_wire.response_body("GET", resp)
+        assert info.value.status == framing
+    else:
+        assert http_wire.response_body("GET", resp) == framing
+    # no body whatever the length says: HEAD, 204, 304
+    assert http_wire.response_body("HEAD", resp) == ("none", 0)
+    assert http_wire.response_body("GET", dataclasses.replace(resp, status=304)) == ("none", 0)
 
 
 def test_chunk_decoder_byte_by_byte_with_extensions_and_trailers() -> None:
@@ -617,12 +673,12 @@ def test_render_exposition_escapes_labels_and_help() -> None:
     (b"Authorization: Bearer wrong\r\nAuthorization: Bearer s3cret\r\n", "s3cret", True),
 ])
 def test_bearer_ok(headers: bytes, key: str | None, ok: bool) -> None:
-    assert gate_metrics.bearer_ok(http_wire.parse_request_head(b"GET /llamafleet/metrics HTTP/1.1\r\n" + headers + b"\r\n"), key) is ok
+    assert gate_metrics.bearer_ok(http_wire.parse_request_head(b"GET /llamafleet/metrics HTTP/1.1\r\nHost: gate\r\n" + headers + b"\r\n"), key) is ok
 
 
 def test_admission_and_retry_after() -> None:
-    health = http_wire.parse_request_head(b"GET /health HTTP/1.1\r\n\r\n")
-    chat = http_wire.parse_request_head(b"POST /v1/chat/completions HTTP/1.1\r\n\r\n")
+    health = http_wire.parse_request_head(b"GET /health HTTP/1.1\r\nHost: gate\r\n\r\n")
+    chat = http_wire.parse_request_head(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gate\r\n\r\n")
     assert [gate_decision.admission(state, health) for state in (SERVING, LOADING, DOWN)] == [True, True, False]
     assert [gate_decision.admission(state, chat) for state in (SERVING, LOADING, DOWN)] == [True, True, False]
     assert gate_decision.retry_after(LOADING) < gate_decision.retry_after(DOWN)
@@ -681,6 +737,10 @@ class FakeLlamaServer:
         await writer.drain()
 
     route_health = route_json
+
+    async def route_bad_length(self, reader: Any, writer: asyncio.StreamWriter, body: bytes) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: \xb2\r\n\r\n{}")
+        await writer.drain()
 
     async def route_stream(self, reader: Any, writer: asyncio.StreamWriter, body: bytes) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
@@ -778,7 +838,7 @@ def test_proxy_relays_a_request_byte_exact() -> None:
 
 def test_proxy_relays_chunked_request_bodies_and_expect_continue() -> None:
     async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
-        reader, writer = await _request(gate, b"POST /json HTTP/1.1\r\nTransfer-Encoding: chunked\r\n"
+        reader, writer = await _request(gate, b"POST /json HTTP/1.1\r\nHost: gate\r\nTransfer-Encoding: chunked\r\n"
                                               b"Expect: 100-continue\r\n\r\n")
         assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
         writer.write(b"4\r\nabcd\r\n3;x=1\r\nefg\r\n0\r\n\r\n")
@@ -808,7 +868,7 @@ def test_proxy_streams_chunks_as_they_arrive() -> None:
 def test_down_answers_503_at_once_and_health_says_why() -> None:
     async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
         gate.set_state(DOWN, "worker lab3 (10.77.0.13:50052) stopped acknowledging")
-        for raw in (CHAT, b"GET /health HTTP/1.1\r\n\r\n", b"GET /v1/health HTTP/1.1\r\n\r\n"):
+        for raw in (CHAT, b"GET /health HTTP/1.1\r\nHost: gate\r\n\r\n", b"GET /v1/health HTTP/1.1\r\nHost: gate\r\n\r\n"):
             start = time.monotonic()
             status, headers, body = _json_answer(await _exchange(gate, raw))
             assert time.monotonic() - start < 0.5
@@ -837,7 +897,7 @@ def test_the_gate_answers_its_own_metrics_in_every_state_with_the_key() -> None:
         assert (status, error["error"]["type"]) == (401, "authentication_error")
         status, _headers, _error = _json_answer(await _exchange(gate, ask % b"Authorization: Bearer nope\r\n"))
         assert status == 401
-        head = await _exchange(gate, b"HEAD /llamafleet/metrics HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n\r\n")
+        head = await _exchange(gate, b"HEAD /llamafleet/metrics HTTP/1.1\r\nHost: gate\r\nAuthorization: Bearer s3cret\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200 OK\r\n") and head.endswith(b"\r\n\r\n")
         # never relayed to llama-server, never counted as a client request
         assert upstream.heads == [] and gate.counters == {"requests": 0, "rejected_503": 0, "aborted": 0}
@@ -845,12 +905,72 @@ def test_the_gate_answers_its_own_metrics_in_every_state_with_the_key() -> None:
     _run(scenario)
 
 
+def _gate_metrics_text(gate: Gate) -> str:
+    return gate_metrics.render_exposition(gate_metrics.GATE_METRICS, gate_metrics.gate_samples(
+        gate.state, gate.since, gate.counters, gate.in_flight, 0, None, gate_metrics.LoadClock()))
+
+
+@pytest.mark.parametrize("key_file", ["missing", "empty", "blank", "a directory", "not UTF-8"])
+def test_the_gates_metrics_fail_closed_without_a_readable_key(tmp_path: Path, key_file: str) -> None:
+    """The config names a key file (llama_server_api_auth on) that cannot give a key: 503 with the reason, and
+    never the metrics, whatever Authorization says; the watchdog's own api_key() reads the file."""
+    path = tmp_path / "api-key"
+    if key_file == "a directory":
+        path.mkdir()
+    elif key_file != "missing":
+        path.write_bytes({"empty": b"", "blank": b" \n\n", "not UTF-8": b"\xff\xfe"}[key_file])
+
+    async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
+        gate.metrics_key = gate_watchdog.Watchdog(gate, gate.cfg).api_key
+        gate.metrics_text = lambda: _gate_metrics_text(gate)
+        for auth in (b"", b"Authorization: Bearer\r\n", b"Authorization: Bearer \r\n", b"Authorization: Bearer x\r\n"):
+            data = await _exchange(gate, b"GET /llamafleet/metrics HTTP/1.1\r\nHost: gate\r\n%s\r\n" % auth)
+            status, _headers, error = _json_answer(data)
+            assert (status, error["error"]["type"]) == (503, "unavailable_error")
+            assert "API key file" in error["error"]["message"] and b"llamafleet_gate" not in data
+        head = await _exchange(gate, b"HEAD /llamafleet/metrics HTTP/1.1\r\nHost: gate\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503 ") and head.endswith(b"\r\n\r\n")
+        assert upstream.heads == []
+        # the key written: served with it, 401 without
+        if key_file != "a directory":
+            path.write_text("s3cret\n")
+            ok = await _exchange(gate, b"GET /llamafleet/metrics HTTP/1.1\r\nHost: gate\r\nAuthorization: Bearer s3cret\r\n\r\n")
+            assert ok.startswith(b"HTTP/1.1 200 OK\r\n") and b"llamafleet_gate_state" in ok
+            denied = await _exchange(gate, b"GET /llamafleet/metrics HTTP/1.1\r\nHost: gate\r\n\r\n")
+            assert _json_answer(denied)[0] == 401
+
+    _run(scenario, api_key_file=str(path))
+
+
+def test_the_gates_metrics_stay_open_when_the_api_key_is_off() -> None:
+    """llama_server_api_auth false: the role writes api_key_file "" (none), and the metrics need no key."""
+    cfg = load_config(dict(RAW, api_key_file=""))
+    assert cfg.api_key_file is None
+
+    async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
+        gate.metrics_key = gate_watchdog.Watchdog(gate, gate.cfg).api_key
+        gate.metrics_text = lambda: _gate_metrics_text(gate)
+        data = await _exchange(gate, b"GET /llamafleet/metrics HTTP/1.1\r\nHost: gate\r\n\r\n")
+        assert data.startswith(b"HTTP/1.1 200 OK\r\n") and b"llamafleet_gate_state" in data
+
+    _run(scenario, api_key_file=cfg.api_key_file)
+
+
+def test_metrics_response_fails_closed() -> None:
+    req = http_wire.parse_request_head(b"GET /llamafleet/metrics HTTP/1.1\r\nHost: gate\r\nAuthorization: Bearer x\r\n\r\n")
+    for key in (None, ""):
+        assert gate_metrics.metrics_response(req, key, "m 1\n", key_required=True).startswith(b"HTTP/1.1 503 ")
+        assert gate_metrics.metrics_response(req, key, "m 1\n", key_required=False).endswith(b"\r\n\r\nm 1\n")
+    assert gate_metrics.metrics_response(req, "x", "m 1\n", key_required=True).endswith(b"\r\n\r\nm 1\n")
+    assert gate_metrics.metrics_response(req, "y", "m 1\n", key_required=True).startswith(b"HTTP/1.1 401 ")
+
+
 def test_loading_relays_everything_to_llama_server() -> None:
     """While loading, llama-server answers for itself (503 "Loading model", then its answers the moment it is
     ready): a client that saw /health 200 is never refused by a gate whose next poll has not come yet."""
     async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
         gate.set_state(LOADING, "llama-server is loading the model")
-        status, headers, _body = _json_answer(await _exchange(gate, b"GET /health HTTP/1.1\r\n\r\n"))
+        status, headers, _body = _json_answer(await _exchange(gate, b"GET /health HTTP/1.1\r\nHost: gate\r\n\r\n"))
         assert (status, headers["X-Custom"]) == (200, "yes")
         status, _headers, body = _json_answer(await _exchange(gate, CHAT))
         assert (status, body["echo"]) == (200, '{"prompt":"hi!"}')
@@ -862,7 +982,7 @@ def test_loading_relays_everything_to_llama_server() -> None:
 def test_going_down_from_loading_ends_requests_in_flight() -> None:
     async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
         gate.set_state(LOADING, "llama-server is loading the model")
-        reader, writer = await _request(gate, b"POST /hang HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+        reader, writer = await _request(gate, b"POST /hang HTTP/1.1\r\nHost: gate\r\nContent-Length: 0\r\n\r\n")
         await reader.readuntil(b"\r\n\r\n")
         started = time.monotonic()
         gate.set_state(DOWN, "worker lab3 stopped acknowledging")
@@ -876,7 +996,7 @@ def test_going_down_from_loading_ends_requests_in_flight() -> None:
 
 def test_in_flight_stream_gets_an_error_event_when_the_cluster_goes_down() -> None:
     async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
-        reader, writer = await _request(gate, b"POST /hang HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+        reader, writer = await _request(gate, b"POST /hang HTTP/1.1\r\nHost: gate\r\nContent-Length: 0\r\n\r\n")
         await reader.readuntil(b"\r\n\r\n")
         first = await reader.readuntil(b"\n\n\r\n")
         start = time.monotonic()
@@ -895,7 +1015,7 @@ def test_in_flight_stream_gets_an_error_event_when_the_cluster_goes_down() -> No
 
 def test_in_flight_request_without_answer_gets_503_when_the_cluster_goes_down() -> None:
     async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
-        reader, writer = await _request(gate, b"POST /hang_head HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+        reader, writer = await _request(gate, b"POST /hang_head HTTP/1.1\r\nHost: gate\r\nContent-Length: 0\r\n\r\n")
         while not upstream.heads:
             await asyncio.sleep(0.01)
         start = time.monotonic()
@@ -911,7 +1031,7 @@ def test_in_flight_request_without_answer_gets_503_when_the_cluster_goes_down() 
 def test_silent_upstream_gets_504_after_request_timeout() -> None:
     async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
         start = time.monotonic()
-        status, _headers, body = _json_answer(await _exchange(gate, b"GET /hang_head HTTP/1.1\r\n\r\n"))
+        status, _headers, body = _json_answer(await _exchange(gate, b"GET /hang_head HTTP/1.1\r\nHost: gate\r\n\r\n"))
         assert 0.5 <= time.monotonic() - start < 1.5
         assert (status, body["error"]["type"]) == (504, "timeout_error")
         assert body["error"]["message"] == "llamafleet: llama-server sent nothing for 0.5 s"
@@ -921,7 +1041,7 @@ def test_silent_upstream_gets_504_after_request_timeout() -> None:
 
 def test_client_hang_up_closes_the_upstream_connection() -> None:
     async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
-        reader, writer = await _request(gate, b"POST /hang HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+        reader, writer = await _request(gate, b"POST /hang HTTP/1.1\r\nHost: gate\r\nContent-Length: 0\r\n\r\n")
         await reader.readuntil(b"\n\n\r\n")
         writer.transport.abort()
         await asyncio.wait_for(upstream.closed_by_peer.wait(), 1)
@@ -946,19 +1066,44 @@ def test_closed_upstream_port_answers_not_running() -> None:
 @pytest.mark.parametrize(("raw", "message"), [
     (b"GET / HTTP/1.1\r\nX-Big: " + b"a" * (70 * 1024) + b"\r\n\r\n", "request head larger than"),
     (b"\x16\x03\x01 not http\r\n\r\n", "malformed request line"),
-    (b"POST /json HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", "unsupported Transfer-Encoding"),
+    (b"POST /json HTTP/1.1\r\nHost: gate\r\nTransfer-Encoding: gzip\r\n\r\n", "unsupported Transfer-Encoding"),
+    (b"POST /json HTTP/1.1\r\nHost: gate\r\nContent-Length: \xb2\r\n\r\nx", "invalid Content-Length"),
+    (b"POST /json HTTP/1.1\r\nHost: gate\r\nContent-Length: +5\r\n\r\nhello", "invalid Content-Length"),
+    (b"POST /json HTTP/1.1\r\nHost: gate\r\nContent-Length: " + b"1" * 5000 + b"\r\n\r\n", "invalid Content-Length"),
+    (b"GET /health HTTP/1.1\r\n\r\n", "needs a Host header"),
+    (b"GET /health HTTP/1.1\r\nHost: gate\r\nHost: evil.example\r\n\r\n", "more than one Host header"),
 ])
 def test_bad_requests_are_refused(raw: bytes, message: str) -> None:
     async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
         status, _headers, body = _json_answer(await _exchange(gate, raw))
         assert status in (400, 411) and message in body["error"]["message"] and upstream.heads == []
+        assert gate.counters == {"requests": 0, "rejected_503": 0, "aborted": 0}
+
+    _run(scenario)
+
+
+def test_http_1_0_without_host_is_relayed() -> None:
+    """Probes that speak HTTP/1.0 may leave Host out (RFC 9112 3.2 requires it of HTTP/1.1 only)."""
+    async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
+        status, _headers, body = _json_answer(await _exchange(gate, b"GET /health HTTP/1.0\r\n\r\n"))
+        assert (status, body["content"]) == (200, "Paris")
+        assert upstream.heads == [b"GET /health HTTP/1.0\r\nConnection: close\r\n\r\n"]
+
+    _run(scenario)
+
+
+def test_a_bad_content_length_from_llama_server_is_a_502() -> None:
+    async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
+        status, headers, body = _json_answer(await _exchange(gate, b"GET /bad_length HTTP/1.1\r\nHost: gate\r\n\r\n"))
+        assert (status, body["error"]["type"], "Retry-After" in headers) == (502, "server_error", False)
+        assert "invalid Content-Length" in body["error"]["message"] and gate.counters["aborted"] == 1
 
     _run(scenario)
 
 
 def test_connection_limit() -> None:
     async def scenario(gate: Gate, upstream: FakeLlamaServer) -> None:
-        reader, writer = await _request(gate, b"POST /hang HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+        reader, writer = await _request(gate, b"POST /hang HTTP/1.1\r\nHost: gate\r\nContent-Length: 0\r\n\r\n")
         await reader.readuntil(b"\n\n\r\n")
         status, _headers, body = _json_answer(await _exchange(gate, CHAT))
         assert (status, body["error"]["message"]) == (503, "llamafleet: too many connections to the gate")
