@@ -152,10 +152,12 @@ molecule-test: venv
 # the fast tier and the lowest ansible-core's check.
 LAB_STAGES    := lab-test e2e-test llamacpp-local-test molecule-test
 BESIDE_STAGES := unit lint sanity min-ansible-test
+# of those, the ones at nice 19 (the unit stage has timing-sensitive tests: it keeps its normal priority)
+NICE_STAGES   := lint sanity min-ansible-test
 CHECK_STAGES  := unit lint sanity
 
 test: venv
-	@tests/run_stages.sh $(MAKE) --beside "$(BESIDE_STAGES)" $(LAB_STAGES)
+	@tests/run_stages.sh $(MAKE) --beside "$(BESIDE_STAGES)" --nice "$(NICE_STAGES)" $(LAB_STAGES)
 	@echo "==> all tests passed"
 
 check: venv

@@ -1,25 +1,32 @@
 #!/usr/bin/env bash
 # Runs make's test stages, prints the time of each as it ends and a table at the end.
-# Usage: tests/run_stages.sh MAKE [--beside "STAGE..."] STAGE...
+# Usage: tests/run_stages.sh MAKE [--beside "STAGE..."] [--nice "STAGE..."] STAGE...
 # The STAGEs run in order; the first failure stops them. The --beside stages (those that need neither the lab nor a
-# llama.cpp build: the fast tier) run at the same time, one after another, at the lowest CPU priority
-# (nice 19), while the lab stages mostly wait on hosts; each writes its output to a log that is printed when it ends. The exit status is the first failure's, if any.
+# llama.cpp build: the fast tier) run at the same time, one after another, while the lab stages mostly wait on
+# hosts; each writes its output to a log that is printed when it ends. The exit status is the first failure's, if any.
+# The --nice stages run at the lowest CPU priority (nice 19): the lab stages (the longest path, CPU-bound on a 2-core
+# machine) lose little to them. Stages with timing-sensitive tests (unit: the rpcproxy's rate cap) are not niced:
+# starved, they measure the starving, not the code.
 # The virtual environment is ready before this runs (make test: venv), so the stages do not install into it again
 # (two installs at once into one environment could break it).
 set -u
 make_cmd=$1; shift
 beside=""
+niced=""
 if [ "${1:-}" = "--beside" ]; then beside=$2; shift 2; fi
+if [ "${1:-}" = "--nice" ]; then niced=$2; shift 2; fi
 export LLAMAFLEET_VENV_READY=1
 started=$(date +%s)
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 
-# run_stage STAGE: runs it, prints its time, records "STAGE SECONDS RC" in $logs/times; returns its status
+# run_stage STAGE: runs it (at nice 19 when it is one of --nice), prints its time, records "STAGE SECONDS RC" in
+# $logs/times; returns its status
 run_stage() {
-  local stage=$1 t rc mark=""
+  local stage=$1 t rc mark="" prefix=()
+  case " $niced " in *" $stage "*) prefix=(nice -n 19) ;; esac
   t=$(date +%s)
-  if "$make_cmd" --no-print-directory "$stage"; then rc=0; else rc=$?; fi
+  if "${prefix[@]}" "$make_cmd" --no-print-directory "$stage"; then rc=0; else rc=$?; fi
   [ "$rc" = 0 ] || mark="  FAILED"
   echo "==> $stage: $(( $(date +%s) - t )) s$mark"
   echo "$stage $(( $(date +%s) - t )) $rc" >> "$logs/times"
@@ -28,9 +35,6 @@ run_stage() {
 
 if [ -n "$beside" ]; then
   (
-    # at the lowest CPU priority: the lab stages (the longest path, CPU-bound on a 2-core machine) lose little to
-    # them, and they use what the lab stages leave while they wait on hosts
-    renice -n 19 -p "$BASHPID" > /dev/null 2>&1 || true
     for stage in $beside; do
       run_stage "$stage" > "$logs/beside-$stage.log" 2>&1
       rc=$?
