@@ -226,6 +226,8 @@ def test_a_download_shows_progress_a_converged_run_waits_for_nothing_and_a_bad_f
                      % small[0]["sha256"], bad), bad
     assert "failed=1" in out
     assert sorted(os.listdir(tmp_path / "cache" / "wrong")) == []
+    # starting the job changed nothing: a bad download leaves a run that changed nothing (deploy's preflight promise)
+    assert re.search(r"Fetch and verify the model files into the controller's cache\] \*+\nok: ", bad), bad
 
 
 def test_check_mode_reports_without_downloading(source, tmp_path: Path) -> None:
