@@ -20,6 +20,7 @@ from llamafleet.cluster import Endpoint, read_plan, server_log
 from llamafleet.core import constants
 from llamafleet.core.log_parse import buffers_by_device, compare_with_plan, layer_ranges, parse_load_log
 from llamafleet.lab.artifacts import LLAMA_CPP_ARCHIVE_SUBDIR
+from llamafleet.lab.core import DEFAULT_MEMORY_MIB
 from tests.e2e.bad_models import make_bad_models
 from tests.e2e.conftest import main_pids, nothing_changes
 from tests.e2e.quiet import after_batch, once, quiet
@@ -62,6 +63,23 @@ def test_layers_on_every_rpc_device_as_planned(deployed, fleet):
     loaded = buffers_by_device(parsed, "model")
     for dev in plan["devices"]:
         assert loaded.get(dev["name"], 0.0) == pytest.approx(dev["weights_mib"], abs=0.1), (dev, loaded)
+
+
+def test_each_cpu_worker_runs_under_a_memory_limit_that_holds_its_plan(deployed, fleet):
+    """rpc_server_memory_max_mib (auto): each CPU rpc-server unit carries MemoryMax= at most the host's own limit
+    (the lab's per-host cgroup) and no swap, and the planner counted no more than that limit for the device."""
+    plan = read_plan(fleet)
+    command = "systemctl show --property=MemoryMax,MemorySwapMax --value -- " + constants.RPC_SERVER_UNIT
+    limits = {}
+    for name, res in fleet.run(command, fleet.workers).items():
+        assert res.ok, (name, res.stderr)
+        memory_max, swap_max = res.stdout.split()
+        assert swap_max == "0", (name, res.stdout)
+        assert memory_max.isdigit(), (name, res.stdout)  # a number of bytes, not "infinity"
+        limits[name] = int(memory_max) // (1024 * 1024)
+        assert 0 < limits[name] <= DEFAULT_MEMORY_MIB, (name, limits[name])
+    for dev in (d for d in plan["devices"] if not d["local"]):
+        assert dev["total_mib"] <= dev["usable_mib"] <= limits[dev["host"]], (dev, limits)
 
 
 def _status(url: str, key: str = "", payload: dict | None = None) -> int:
