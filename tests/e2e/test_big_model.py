@@ -55,9 +55,12 @@ def big_model(deployed, tmp_path_factory) -> Path:
 
 
 def test_a_context_that_fits_nowhere_is_refused_while_gemma_serves_on(big_model, fleet) -> None:
-    """With an f16 KV cache the layers do not pack into the three hosts: the deploy says so per device, with what to
-    change, and the running cluster goes on serving the model it has."""
-    run = playbook("deploy.yml", "-e", f"@{big_model}", "-e", "llama_server_cache_type=f16", timeout=3600)
+    """With an f16 KV cache of 8192 cells (4 GiB of KV) the layers do not pack into the three hosts: the deploy says
+    so per device, with what to change, and the running cluster goes on serving the model it has. (At 1024 cells an
+    f16 KV fits since the planner counts a running service's own memory as its own: two workers of about 3 GiB
+    each hold it.)"""
+    run = playbook("deploy.yml", "-e", f"@{big_model}", "-e", "llama_server_cache_type=f16",
+                   "-e", "llama_server_ctx_size=8192", timeout=3600)
     assert run.rc != 0, run.output[-4000:]
     for text in ("do not pack into the devices", "per device: CPU host lab1", "llama_server_ctx_size",
                  "llama_server_cache_type"):
