@@ -12,6 +12,7 @@ part of the library's ``llamafleet.core`` API.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -85,7 +86,23 @@ def _facts(module: Any) -> dict:
     raise AssertionError("fail_json returned")  # pragma: no cover
 
 
-def _plan_over(params: dict, facts: dict, workers: list) -> dict:
+def read_recorded_keep(module: Any) -> dict:
+    """The ``keep`` entry of the plan recorded at ``recorded_plan`` (empty when there is none or it is unreadable:
+    then the split is planned afresh, with a warning for a file that cannot be read)."""
+    path = module.params.get("recorded_plan")
+    if not path or not os.path.exists(path):
+        return {}
+    try:
+        with open(path, "rb") as handle:
+            recorded = json.loads(handle.read().decode("utf-8"))
+    except (OSError, ValueError) as exc:
+        module.warn("recorded_plan %s cannot be read (%s): the split is planned afresh" % (path, exc))
+        return {}
+    keep = recorded.get("keep") if isinstance(recorded, dict) else None
+    return keep if isinstance(keep, dict) else {}
+
+
+def _plan_over(params: dict, facts: dict, workers: list, keep: dict | None = None) -> dict:
     """plan_split over ``workers`` with the module's settings (raises PlanError)."""
     return plan_split(
         workers, params["orchestrator"] or None, facts,
@@ -93,14 +110,14 @@ def _plan_over(params: dict, facts: dict, workers: list) -> dict:
         cache_type_k=params["cache_type_k"], cache_type_v=params["cache_type_v"],
         compute_mib=params["compute_mib"], tensor_split=params["tensor_split"] or None,
         kv_unified=params["kv_unified"], policy=params["policy"], link_rtt_ms=params["link_rtt_ms"],
-        cpu_layers=params["cpu_layers"],
+        cpu_layers=params["cpu_layers"], keep=keep,
     )
 
 
-def _plan(module: Any, facts: dict) -> dict:
+def _plan(module: Any, facts: dict, keep: dict) -> dict:
     params = module.params
     try:
-        return _plan_over(params, facts, params["workers"])
+        return _plan_over(params, facts, params["workers"], keep)
     except PlanError as exc:
         host = (params["orchestrator"] or {}).get("host")
         module.fail_json(msg="%s: %s" % (host, exc) if host else str(exc))
@@ -112,10 +129,11 @@ def degraded_plan_name(host: str) -> str:
     return "without-" + re.sub(r"[^A-Za-z0-9_.-]", "_", host)
 
 
-def _degraded(module: Any, facts: dict) -> list[dict]:
+def _degraded(module: Any, facts: dict, keep: dict) -> list[dict]:
     """For each worker host, the plan over the other workers: ``{without, name, fits, reason, rpc,
     tensor_split, dropin}`` (``dropin``: llama-server's ExecStartPre and ExecStart for it; a fixed
-    ``tensor_split`` is dropped, the planner splits over what is left)."""
+    ``tensor_split`` is dropped, the planner splits over what is left; ``keep``: the deployed plans' splits by name,
+    kept as the main plan's is)."""
     params = dict(module.params, tensor_split=None)
     hosts = list(dict.fromkeys(str(worker.get("host")) for worker in module.params["workers"]))
     out = []
@@ -124,7 +142,7 @@ def _degraded(module: Any, facts: dict) -> list[dict]:
         entry = {"without": host, "name": degraded_plan_name(host), "fits": False, "reason": "", "rpc": [],
                  "tensor_split": None, "dropin": ""}
         try:
-            plan = _plan_over(params, facts, rest)
+            plan = _plan_over(params, facts, rest, keep.get(entry["name"]))
         except PlanError as exc:
             entry["reason"] = "the model does not fit without %s: %s" % (host, exc)
             out.append(entry)
@@ -133,7 +151,7 @@ def _degraded(module: Any, facts: dict) -> list[dict]:
         comments.insert(0, "degraded plan %s: llama-server without worker %s (llama_server_degrade), put in place "
                            "by %s at the serving gate's request" % (entry["name"], host, PLAN_SWITCH_UNIT))
         entry.update(fits=True, reason="fits on the other workers: %s" % _split_comment(plan), rpc=plan["rpc"],
-                     tensor_split=plan["tensor_split"],
+                     tensor_split=plan["tensor_split"], keep=plan["keep"],
                      dropin=render_exec_dropin(argv, pre, header=module.params["unit_header"], comments=comments))
         out.append(entry)
     return out
@@ -211,7 +229,8 @@ def run_rpc_plan(module: Any) -> dict:
     """Plan, render and write as the module's parameters ask; the result to exit with (fails through ``module``)."""
     params = module.params
     facts = _facts(module)
-    plan = _plan(module, facts)
+    keep = read_recorded_keep(module)
+    plan = _plan(module, facts, keep)
     result = {"changed": False, "plan": plan, "explain": plan["explanation"], "argv": [], "unit": "",
               "gate_workers": plan_workers(plan["devices"]), "degraded": [], "gate_degrade": degrade_plans([])}
     for warning in plan["warnings"]:
@@ -227,8 +246,9 @@ def run_rpc_plan(module: Any) -> dict:
         module.fail_json(msg="model (the GGUF path on this host) is required to render llama-server", plan=plan)
     result["argv"], result["unit"] = _render(module, plan)
     if params["degrade"]:
-        result["degraded"] = _degraded(module, facts)
+        result["degraded"] = _degraded(module, facts, keep.get("degraded") or {})
         result["gate_degrade"] = degrade_plans(result["degraded"])
+        plan["keep"]["degraded"] = {entry["name"]: entry.pop("keep") for entry in result["degraded"] if entry["fits"]}
     if params["unit_path"]:
         write_text_file(module, params["unit_path"], result["unit"], result)
     if not module._diff:

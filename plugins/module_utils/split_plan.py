@@ -53,7 +53,7 @@ from .split_cpu import (
     takes_part,
     without_first,
 )
-from .split_policies import DEFAULT_POLICY, POLICIES, choose_split
+from .split_policies import DEFAULT_POLICY, POLICIES, check_counts_fit, choose_split, estimate_ms
 from .split_units import (
     DEFAULT_N_UBATCH,
     KV_TYPES,
@@ -75,8 +75,9 @@ from .split_units import (
 __all__ = [
     "DEFAULT_COMPUTE_MIB", "DEFAULT_N_UBATCH", "DEFAULT_POLICY", "KV_TYPES", "MAX_AUTO_SLOTS", "MAX_DEVICES",
     "MIN_SLOT_CTX", "POLICIES", "PlanError", "assemble_plan", "assign_layers", "describe_devices",
-    "elect_orchestrator", "explain_plan", "gpu_memory_mib", "kv_bytes_per_layer", "kv_cells", "layers_from_split",
-    "model_devices", "plan_split", "resolve_slots", "size_fleet", "validate_request",
+    "elect_orchestrator", "explain_plan", "gpu_memory_mib", "keep_deployed", "kv_bytes_per_layer", "kv_cells",
+    "layers_from_split", "model_devices", "plan_split", "request_key", "resolve_slots", "size_fleet",
+    "validate_request",
 ]
 
 
@@ -351,7 +352,8 @@ def plan_split(workers: Sequence[Mapping[str, Any]],
                n_ubatch: int = DEFAULT_N_UBATCH,
                policy: str = DEFAULT_POLICY,
                link_rtt_ms: float | None = None,
-               cpu_layers: str | int = 0) -> dict[str, Any]:
+               cpu_layers: str | int = 0,
+               keep: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Plan llama-server's ``--rpc``, device order and ``--tensor-split`` for a fleet.
 
     :param workers: rpc-server hosts in inventory (= ``--rpc``) order, each
@@ -379,6 +381,8 @@ def plan_split(workers: Sequence[Mapping[str, Any]],
     :param cpu_layers: layers left on the orchestrator's CPU (its CPU entry in
         ``orchestrator["devices"]`` gives the memory): ``auto`` (on a CPU fleet
         the CPU joins the split policy), ``0`` or a number (split_cpu).
+    :param keep: the deployed plan's ``keep`` entry: its split is kept while it was made for the same request
+        (:func:`request_key`) and still fits the memory measured now (:func:`keep_deployed`).
     :returns: the plan (see the module's RETURN documentation in rpc_plan).
     :raises PlanError: with a message that says what to change.
     """
@@ -388,10 +392,79 @@ def plan_split(workers: Sequence[Mapping[str, Any]],
                                  cache_type_v, kv_unified, n_ubatch, compute_mib, link_rtt_ms)
     choice, cpu, cpu_count = _choose_with_cpu(cpu_layers, workers, orchestrator, devices, sizing, request, compute_mib,
                                               tensor_split)
+    key = request_key(devices, cpu, sizing, request["policy"], tensor_split, cpu_layers)
+    choice, cpu_count = keep_deployed(keep, key, choice, cpu_count, cpu, devices, sizing)
     plan = assemble_plan(workers, orchestrator, devices, sizing, choice, request["ctx"], slots["n_parallel"],
                          cache_type_k, cache_type_v, compute_mib, link_rtt_ms, slots, cpu_count, cpu)
+    plan["keep"] = {"request_key": key, "counts": None if choice["counts"] is None else list(choice["counts"]),
+                    "cpu_layers": cpu_count, "policy": choice["policy"]}
     plan["explanation"], plan["warnings"] = explain_plan(plan, choice, model, orchestrator, compute_mib)
     return plan
+
+
+# What a request is, without the memory readings and round trips that change from run to run: the devices in llama.cpp's
+# order (what they are, not what is free on them), what each unit of the model costs at this context and KV type, and
+# the settings that shape a split. Two deploys with the same request key may keep the same split.
+REQUEST_DEVICE_KEYS = ("name", "host", "backend", "endpoint", "description", "local", "compute_mib")
+
+
+def request_key(devices: Sequence[Mapping[str, Any]], cpu: Mapping[str, Any] | None, sizing: Mapping[str, Any],
+                policy: str, tensor_split: Sequence[float] | None, cpu_layers: str | int) -> str:
+    """A short hash of what was asked of the planner (see :data:`REQUEST_DEVICE_KEYS`), memory readings left out."""
+    stable = {"devices": [{key: dev.get(key) for key in REQUEST_DEVICE_KEYS} for dev in devices],
+              "cpu": None if cpu is None else {key: cpu.get(key) for key in REQUEST_DEVICE_KEYS},
+              "costs": list(sizing["costs"]), "host_bytes": sizing["host_bytes"], "policy": policy,
+              "tensor_split": None if tensor_split is None else list(tensor_split), "cpu_layers": str(cpu_layers)}
+    return hashlib.sha256(json.dumps(stable, sort_keys=True).encode("utf-8")).hexdigest()[:16]
+
+
+def _kept_counts(keep: Mapping[str, Any], devices: Sequence[Mapping[str, Any]], cpu: Mapping[str, Any] | None,
+                 sizing: Mapping[str, Any]) -> tuple[list[int], int] | None:
+    """The deployed split in ``keep`` when it is a whole split of these devices (None when it is not)."""
+    counts, cpu_count = keep.get("counts"), keep.get("cpu_layers") or 0
+    if not isinstance(counts, list) or len(counts) != len(devices) or not isinstance(cpu_count, int):
+        return None
+    if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts) or cpu_count < 0:
+        return None
+    if sum(counts) + cpu_count != sizing["units"] or (cpu_count and cpu is None):
+        return None
+    return list(counts), cpu_count
+
+
+def keep_deployed(keep: Mapping[str, Any] | None, key: str, choice: dict[str, Any], cpu_count: int,
+                  cpu: Mapping[str, Any] | None, devices: Sequence[Mapping[str, Any]],
+                  sizing: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+    """The choice to plan with: the deployed split (``keep``) while it answers the same request key and still fits
+    the memory measured now, else the fresh ``choice``; and the CPU's units.
+
+    Free memory moves a little between two runs (page cache, a service's own growth), and a balanced split follows
+    it: without this, a deploy that changes nothing could still move a layer from one worker to another, restart
+    llama-server and send tensors over the LAN. The fresh split is taken when the request changed (model, context,
+    KV type, devices, settings), when the deployed split no longer fits (the reason is in the explanation), or when
+    there is nothing deployed to keep.
+    """
+    if not keep or choice["counts"] is None or keep.get("request_key") != key:
+        return choice, cpu_count
+    kept = _kept_counts(keep, devices, cpu, sizing)
+    if kept is None or kept == (list(choice["counts"]), cpu_count):
+        return choice, cpu_count
+    counts, kept_cpu = kept
+    try:
+        if kept_cpu:
+            check_counts_fit([cpu] + list(devices), [kept_cpu] + counts, sizing["costs"], "the deployed split",
+                             "re-planning")
+        else:
+            check_counts_fit(devices, counts, sizing["costs"], "the deployed split", "re-planning")
+    except PlanError as exc:
+        return dict(choice, reason="%s; the deployed split (units %s) no longer fits: %s" % (
+            choice["reason"], counts, exc)), cpu_count
+    policy = str(keep.get("policy") or choice["policy"])
+    fresh = "CPU %d + %s" % (cpu_count, choice["counts"]) if cpu_count else str(choice["counts"])
+    costs = sizing["costs"][kept_cpu:]
+    return dict(choice, policy=policy, counts=counts, estimates={policy: estimate_ms(devices, counts, costs)},
+                reason="kept the deployed split (units %s%s, policy %s): it still fits the memory measured now; a "
+                       "fresh plan would give %s" % (counts, ", %d on the CPU" % kept_cpu if kept_cpu else "", policy,
+                                                     fresh)), kept_cpu
 
 
 def _choose_with_cpu(cpu_layers: str | int, workers: Sequence[Mapping[str, Any]],

@@ -130,6 +130,15 @@ options:
         many, refused when the CPU cannot hold them.
     type: raw
     default: auto
+  recorded_plan:
+    description:
+      - The plan deployed now, as the role records it (RV(plan) as JSON). Its split is kept while the request is the
+        same (model, context, KV types, slots, the devices in order, the settings that shape a split) and it still
+        fits the memory measured now, so that free memory that moved a little between two runs moves no layer.
+      - The fresh split is taken when the request changed, when the deployed split no longer fits (the explanation
+        says why), or when the file is absent or cannot be read (a warning).
+      - Unset, the split is always planned afresh.
+    type: path
   degrade:
     description:
       - Also plan, for each worker host, the cluster without it (RV(degraded)), with llama-server's
@@ -351,6 +360,12 @@ plan:
     cpu_layers:
       description: Layers left on the orchestrator's CPU, the first ones (O(cpu_layers)); 0 for none.
       type: int
+    keep:
+      description:
+        - What a later run needs to keep this split (O(recorded_plan)), C(request_key), C(counts) (units per device
+          before idle endpoints are left out), C(cpu_layers), C(policy), and C(degraded) (the same for each degraded
+          plan that fits, by name).
+      type: dict
     cpu:
       description:
         - What the orchestrator's CPU holds when it holds layers (null otherwise), C(host), C(layers), C(weights_mib),
@@ -468,6 +483,7 @@ def main() -> None:
             policy=dict(type="str", default=DEFAULT_POLICY, choices=list(POLICIES)),
             link_rtt_ms=dict(type="float"),
             cpu_layers=dict(type="raw", default="auto"),
+            recorded_plan=dict(type="path"),
             degrade=dict(type="bool", default=False),
             features=dict(type="dict"),
             binary=dict(type="path"),

@@ -766,7 +766,10 @@ def test_plan_split_is_its_steps() -> None:
     choice = choose_split(request["policy"], devices, sizing, request["ctx"])
     plan = assemble_plan(fleet, None, devices, sizing, choice, request["ctx"], compute_mib=512, link_rtt_ms=1.0)
     whole = plan_split(fleet, None, GEMMA, ctx_size=2048, link_rtt_ms=1.0)
-    assert {k: v for k, v in whole.items() if k not in ("explanation", "warnings")} == plan
+    assert {k: v for k, v in whole.items() if k not in ("explanation", "warnings", "keep")} == plan
+    # and what a later run needs to keep that split (split_plan.keep_deployed)
+    assert whole["keep"] == {"request_key": whole["keep"]["request_key"], "counts": choice["counts"],
+                             "cpu_layers": 0, "policy": choice["policy"]}
 
 
 # --- the plan against what llama.cpp really did ---------------------------------------------------

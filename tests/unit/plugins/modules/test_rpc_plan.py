@@ -11,7 +11,7 @@ import pytest
 
 from llamafleet.core.llama_flags import detect_features
 from ansible_collections.llamafleet.cluster.plugins.modules import rpc_plan
-from tests.unit.module_runner import run_main
+from tests.unit.module_runner import run_main, warning_messages
 from tests.unit.needs import LAB_MODEL, needs_lab_model
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llamacpp"
@@ -371,3 +371,28 @@ def test_gate_degrade_names_each_plan_or_none(tmp_path: Path, capsys: pytest.Cap
                                         n_parallel=1), capsys)
     assert result["gate_degrade"]["plans"] == {"lab2": None, "lab3": None}
     assert result["gate_degrade"]["reasons"]["lab3"].startswith("the model does not fit without lab3")
+
+
+def test_the_recorded_plan_is_kept_while_it_fits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    unit = tmp_path / "llama.service"
+    recorded = tmp_path / "plan.json"
+    # lab2 and lab3 hold gemma together, lab3 alone too (a degraded plan), lab2 alone not
+    workers = [dict(WORKERS[0], devices=[cpu(300)]), dict(WORKERS[1], devices=[cpu(700)])]
+    rc, first = run_module(render_args(unit, degrade=True, workers=workers, recorded_plan=str(recorded)), capsys)
+    assert rc == 0 and first["changed"] is True and first["plan"]["keep"]["degraded"]
+    recorded.write_text(json.dumps(first["plan"]))  # as the role records it
+    # the next run measures a little more on lab2 and a little less on lab3
+    moved = [dict(WORKERS[0], devices=[cpu(320)]), dict(WORKERS[1], devices=[cpu(680)])]
+    rc, fresh = run_module(render_args(tmp_path / "fresh.service", degrade=True, workers=moved), capsys)
+    assert fresh["plan"]["tensor_split"] != first["plan"]["tensor_split"], "the fixture must move a layer"
+    rc, again = run_module(render_args(unit, degrade=True, workers=moved, recorded_plan=str(recorded)), capsys)
+    assert rc == 0 and again["changed"] is False, again.get("diff")
+    assert again["plan"]["tensor_split"] == first["plan"]["tensor_split"]
+    assert again["plan"]["keep"] == first["plan"]["keep"]
+    assert [e["dropin"] for e in again["degraded"]] == [e["dropin"] for e in first["degraded"]]
+    # a recorded plan that cannot be read is a warning, and the split is planned afresh
+    recorded.write_text("{not json")
+    rc, unread = run_module(render_args(tmp_path / "fresh.service", degrade=True, workers=moved,
+                                        recorded_plan=str(recorded)), capsys)
+    assert rc == 0 and unread["plan"]["tensor_split"] == fresh["plan"]["tensor_split"]
+    assert any("cannot be read" in warning for warning in warning_messages(unread)), unread.get("warnings")
