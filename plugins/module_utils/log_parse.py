@@ -14,6 +14,14 @@ What llama-server (commit 0c1e570) prints, and at which ``-lv`` verbosity:
     llama_kv_cache: RPC0[10.77.0.11:50052] KV buffer size =     4.00 MiB
     sched_reserve: RPC0[10.77.0.11:50052] compute buffer size =    33.57 MiB
 
+  and the buffers of llama-server's own host, where the input embedding and
+  the layers left on its CPU (``-ngl`` below the unit count) live::
+
+    load_tensors:   CPU_Mapped model buffer size =   184.48 MiB
+    load_tensors:   CPU_REPACK model buffer size =     2.81 MiB
+    llama_kv_cache:        CPU KV buffer size =     8.00 MiB
+    sched_reserve:        CPU compute buffer size =    20.77 MiB
+
   ``RPC<n>`` in ``using device`` is the device's model-wide name; in the
   buffer lines it is the device's index *on that rpc-server*, with the
   endpoint in brackets.
@@ -192,3 +200,93 @@ def compare_with_plan(plan: Mapping[str, Any], parsed: Mapping[str, Any]) -> lis
         problems.append("offloaded layers: plan %d, llama.cpp %d/%d"
                         % (plan["ngl"], parsed["offloaded"][0], parsed["offloaded"][1]))
     return problems
+
+
+# How far llama.cpp's buffers may be from the plan's figures before buffers_against_plan names a device. The model
+# buffers: the tolerance the end-to-end tests have always used (a tensor's padding, the planner's 0.1 MiB rounding).
+# The KV buffers: the planner computes them as llama.cpp does (cells x row size per layer), so only rounding is left.
+MODEL_TOLERANCE = (3.0, 64.0)  # percent of the planned figure, or MiB, whichever is larger
+KV_TOLERANCE = (2.0, 1.0)
+COMPUTE_MARGIN_VARIABLE = "llama_server_compute_margin_mib"
+
+
+def _off(planned: float, logged: float, tolerance: tuple[float, float]) -> bool:
+    pct, mib = tolerance
+    return abs(logged - planned) > max(planned * pct / 100.0, mib)
+
+
+def _cpu_model_buffers(parsed: Mapping[str, Any]) -> tuple[float, float]:
+    """(model MiB, repacked MiB) of llama-server's host. With mmap the ``CPU_Mapped`` buffer spans every tensor
+    of the host's in the file, those repacked too, and ``CPU_REPACK`` holds a second, repacked copy of some: the
+    model figure leaves it out. Without mmap the ``CPU`` buffer holds only the tensors not repacked: the two add up."""
+    model = repack = 0.0
+    for buffer_name, mib in parsed["buffers"]["model"].items():
+        if device_for_buffer(buffer_name, parsed["devices"]) is not None:
+            continue
+        if buffer_name.endswith("_REPACK"):
+            repack += mib
+        else:
+            model += mib
+    if parsed.get("load_mode") != "mmap":
+        model += repack
+    return round(model, 2), round(repack, 2)
+
+
+def buffers_against_plan(plan: Mapping[str, Any],
+                         parsed: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """llama.cpp's model, KV and compute buffers per device against the plan's figures: ``(rows, problems)``.
+
+    One row per planned device, then ``CPU``: llama-server's host, whose planned weights are the tensors that
+    stay there (``host_mib``) and the layers the plan leaves on its CPU (the plan's ``cpu`` entry), with their KV
+    cache and compute margin::
+
+        {"device": "RPC0", "host": "lab2",
+         "planned_weights_mib": 50.7, "planned_kv_mib": 34.0, "planned_compute_mib": 64.0,   # the plan's
+         "model_mib": 50.68, "kv_mib": 34.0, "compute_mib": 17.52}                          # llama.cpp's
+
+    (``repack_mib`` too on the CPU row: the repacked copies llama.cpp's CPU backend makes of some weights, which
+    the plan does not count.) ``problems`` names each device whose model buffer is off its planned weights (by
+    :data:`MODEL_TOLERANCE`), whose KV buffer is off the planned KV (:data:`KV_TOLERANCE`) or whose compute buffer
+    exceeds its planned margin, and a log without the buffer lines (llama-server below ``-lv 4``); empty when they
+    agree. Devices whose units llama.cpp chose (split policy ``fit``) have no planned figures: reported only. The
+    host's compute buffer is compared only when the plan gives its CPU layers (and so a margin).
+    """
+    problems = []
+    for kind, words in (("model", "model"), ("kv", "KV"), ("compute", "compute")):
+        if not parsed["buffers"][kind]:
+            problems.append("llama.cpp's log has no %s buffer lines: run llama-server with -lv 4 or more" % words)
+    if problems:
+        return [], problems
+    logged = {kind: buffers_by_device(parsed, kind) for kind in ("model", "kv", "compute")}
+    logged["model"]["CPU"], repack = _cpu_model_buffers(parsed)
+    rows = []
+    for dev in plan["devices"]:
+        rows.append({"device": dev["name"], "host": dev.get("host"), "planned_weights_mib": dev.get("weights_mib"),
+                     "planned_kv_mib": dev.get("kv_mib"), "planned_compute_mib": dev.get("compute_mib")})
+    cpu = plan.get("cpu") or {}
+    rows.append({"device": "CPU", "host": plan.get("orchestrator"),
+                 "planned_weights_mib": round(float(plan.get("host_mib") or 0.0) + cpu.get("weights_mib", 0.0), 1),
+                 "planned_kv_mib": cpu.get("kv_mib", 0.0), "planned_compute_mib": cpu.get("compute_mib"),
+                 "repack_mib": repack})
+    for row in rows:
+        name = row["device"]
+        row.update(model_mib=logged["model"].get(name, 0.0), kv_mib=logged["kv"].get(name, 0.0),
+                   compute_mib=logged["compute"].get(name, 0.0))
+        where = "%s (%s)" % (name, row["host"]) if row["host"] else name
+        planned_weights = row["planned_weights_mib"]
+        if planned_weights is not None and _off(planned_weights, row["model_mib"], MODEL_TOLERANCE):
+            problems.append("%s: model buffers %.1f MiB, the plan's weights %.1f MiB"
+                            % (where, row["model_mib"], planned_weights))
+        if row["planned_kv_mib"] is not None and _off(row["planned_kv_mib"], row["kv_mib"], KV_TOLERANCE):
+            problems.append("%s: KV buffers %.1f MiB, the plan's KV %.1f MiB"
+                            % (where, row["kv_mib"], row["planned_kv_mib"]))
+        if row["planned_compute_mib"] is not None and row["compute_mib"] > row["planned_compute_mib"]:
+            problems.append("%s: compute buffer %.1f MiB, over the plan's margin of %.1f MiB (%s)"
+                            % (where, row["compute_mib"], row["planned_compute_mib"], COMPUTE_MARGIN_VARIABLE))
+    named = {row["device"] for row in rows}
+    for kind in ("model", "kv", "compute"):
+        for name, mib in sorted(logged[kind].items()):
+            if name not in named and mib > 0:
+                problems.append("%s: a %s buffer of %.1f MiB on a device the plan does not name"
+                                % (name, kind, mib))
+    return rows, problems
