@@ -3,96 +3,139 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Controller side of llamafleet.cluster.model_receive (its documentation: plugins/modules/model_receive.py).
 
-Asks the host what it holds of the file, checks its disk, then sends the missing pieces of the controller's verified
-copy, a few at a time, and has the host check, write and finally publish them.
+Asks the host what it holds of the file, checks its disk, then streams the controller's verified copy from the
+offset the host's ``.part`` is good to, straight into it (module_utils/receive_stream.py on the host writes and
+hashes it), and has the module publish it once the whole file has the pinned sha256.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils.cache_share import RECEIVE_OPTIONS, pieces_of
-from ansible_collections.llamafleet.cluster.plugins.module_utils.model_share import mib
+from ansible_collections.llamafleet.cluster.plugins.module_utils import receive_stream
+from ansible_collections.llamafleet.cluster.plugins.module_utils.cache_share import RECEIVE_OPTIONS
 from ansible_collections.llamafleet.cluster.plugins.plugin_utils.share_transfer import (
+    ControllerSend,
     Progress,
-    cut,
+    check_space,
+    display,
     module_result,
-    put,
-    remote_dir,
+    open_stream,
 )
 
 MODULE = "llamafleet.cluster.model_receive"
-BATCH_PIECES = 4
+with open(receive_stream.__file__, encoding="utf-8") as _source:
+    RECEIVER = _source.read()
+BLOCK = 8 << 20
 
 
-class ActionModule(ActionBase):
+def answers(text: str) -> list[dict[str, Any]]:
+    """The receiver's answers in its output (AnsibleActionFail with its error)."""
+    found = [json.loads(line[len(receive_stream.TAG):]) for line in text.splitlines()
+             if line.startswith(receive_stream.TAG)]
+    for answer in found:
+        if "error" in answer:
+            raise AnsibleActionFail(answer["error"])
+    return found
+
+
+class ActionModule(ControllerSend):
     """Copy one verified file from the controller to the host, resumably."""
 
-    TRANSFERS_FILES = True
-    _supports_check_mode = True
+    OPTIONS = dict(RECEIVE_OPTIONS, src=dict(type="path", required=True))
+    WHAT = "the model file"
 
-    def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
-        result = super().run(tmp, task_vars)
-        del tmp
-        task_vars = task_vars or {}
-        _validated, args = self.validate_argument_spec(argument_spec=dict(RECEIVE_OPTIONS, src=dict(type="path", required=True)))
-        host = task_vars.get("inventory_hostname", "")
-        delegated = self._task.delegate_to or host
-        src = os.path.expanduser(args["src"])
-        if not os.path.isfile(src) and self._task.check_mode:
-            result.update(changed=True, msg="%s would be copied once the controller has fetched it" % src)
-            return result
-        if not os.path.isfile(src):
-            raise AnsibleActionFail("%s: %s is not on the controller: run the model role first" % (delegated, src))
+    def sources(self, args: dict[str, Any]) -> list[str]:
+        return [args["src"]]
+
+    def act(self, host: str, args: dict[str, Any], sources: list[str], task_vars: dict[str, Any]) -> dict[str, Any]:
+        src = sources[0]
         size = os.path.getsize(src)
-        piece = args["piece_mib"] << 20
-        if piece <= 0:
+        if args["piece_mib"] <= 0:
             raise AnsibleActionFail("piece_mib must be positive, got %d" % args["piece_mib"])
         base = {k: args[k] for k in ("dest", "sha256", "piece_mib", "owner", "group", "mode")}
         base.update(size=size, src=src)
-        try:
-            state = module_result(self, MODULE, {**base, "action": "inspect"}, task_vars)
-            result.update(changed=state["changed"], sent_bytes=0, seconds=0.0)
-            if state["verified"]:
-                return result
-            need = state["missing_bytes"] + args["free_margin_mib"] * 1048576
-            if need > state["free_bytes"]:
-                raise AnsibleActionFail("%s: the model file needs %s MiB in %s (+%d MiB margin), %s MiB free; free "
-                                        "space or point %s elsewhere" % (delegated, mib(state["missing_bytes"]),
-                                                                         os.path.dirname(args["dest"]),
-                                                                         args["free_margin_mib"],
-                                                                         mib(state["free_bytes"]), args["label"]))
-            todo = [p for p in pieces_of(size, piece) if p["index"] in set(state["missing"])]
-            result.update(changed=True, sent_bytes=sum(p["size"] for p in todo))
-            if self._task.check_mode:
-                return result
-            result["seconds"] = self._send(delegated, src, base, todo, task_vars)
-        finally:
-            self.cleanup()
+        state = module_result(self, MODULE, {**base, "action": "inspect"}, task_vars)
+        result = {"changed": state["changed"], "sent_bytes": 0, "seconds": 0.0}
+        if state["verified"]:
+            return result
+        check_space(host, "the model file", state["missing_bytes"], state["free_bytes"],
+                    os.path.dirname(args["dest"]), args["free_margin_mib"], "point %s elsewhere" % args["label"])
+        result.update(changed=True, sent_bytes=size - state["offset"])
+        if self._task.check_mode:
+            return result
+        command = [state["python"], "-c", RECEIVER, args["dest"] + ".part", str(size), args["sha256"].lower(),
+                   str(args["piece_mib"] << 20)]
+        progress, last = self._stream(host, src, size, command)
+        result.update(sent_bytes=last["offset"] - progress.first, seconds=progress.seconds())
+        if not last.get("ok"):
+            raise AnsibleActionFail("%s: %s put together has sha256 %s, the pinned one is %s; it was removed and is "
+                                    "sent again on the next run" % (host, args["dest"], last.get("sha256"),
+                                                                    args["sha256"]))
+        result["changed"] = module_result(self, MODULE, {**base, "action": "publish"}, task_vars)["changed"]
         return result
 
-    def _send(self, host: str, src: str, base: dict[str, Any], todo: list[dict[str, int]],
-              task_vars: dict[str, Any]) -> float:
-        folder = remote_dir(self, os.path.dirname(base["dest"]))
-        progress = Progress(host, os.path.basename(src), sum(p["size"] for p in todo))
-        batch: list[dict[str, Any]] = []
-        stem = "." + os.path.basename(base["dest"]) + ".piece-"
-        for position, piece in enumerate(todo):
-            last = position == len(todo) - 1
-            local, digest = cut(src, piece["offset"], piece["size"])
-            try:
-                remote = put(self, local, folder, "%s%d" % (stem, piece["index"]))
-            finally:
-                os.unlink(local)
-            batch.append({"path": remote, "index": piece["index"], "sha256": digest})
-            progress.add(piece["size"], force=last)
-            if len(batch) >= BATCH_PIECES or last:
-                module_result(self, MODULE, {**base, "action": "install", "pieces": batch, "final": last}, task_vars)
-                batch = []
-        if not todo:  # every piece was there: the .part only needs its check and publishing
-            module_result(self, MODULE, {**base, "action": "install", "pieces": [], "final": True}, task_vars)
-        return progress.seconds()
+    def _stream(self, host: str, src: str, size: int, command: list[str]) -> tuple[Progress, dict[str, Any]]:
+        """Send ``src`` from where the host's ``.part`` is good to; (the progress, the receiver's last answer)."""
+        proc = open_stream(self, shlex.join(command + ["stream"]))
+        if proc is None:
+            return self._ranges(host, src, size, command)
+        try:
+            line = proc.stdout.readline().decode("utf-8", "replace")
+            while line and not line.startswith(receive_stream.TAG):
+                line = proc.stdout.readline().decode("utf-8", "replace")
+            progress = self._progress(host, src, size, answers(line))
+            with open(src, "rb") as handle:
+                handle.seek(progress.first)
+                for block in iter(lambda: handle.read(BLOCK), b""):
+                    proc.stdin.write(block)
+                    progress.add(len(block))
+            proc.stdin.close()
+            rest = answers(proc.stdout.read().decode("utf-8", "replace"))
+        except (BrokenPipeError, ValueError, IndexError):
+            rest = []
+        finally:
+            proc.wait()
+            proc.stderr_file.seek(0)
+            stderr = proc.stderr_file.read().decode("utf-8", "replace").strip()
+            proc.stderr_file.close()
+        if proc.returncode != 0 or not rest:
+            raise AnsibleActionFail("%s: the receiver of %s stopped (rc %s): %s"
+                                    % (host, command[3], proc.returncode, stderr[-2000:]))
+        progress.add(0, force=True)
+        return progress, rest[-1]
+
+    def _ranges(self, host: str, src: str, size: int, command: list[str]) -> tuple[Progress, dict[str, Any]]:
+        """The same over a connection that cannot stream: one command for each piece (in memory)."""
+        piece = int(command[-1])
+        probe = self._low_level_execute_command(shlex.join(command + ["probe"]))
+        progress = self._progress(host, src, size, answers(probe["stdout"]))
+        offset, last = progress.first, {"offset": progress.first}
+        with open(src, "rb") as handle:
+            while offset < size:
+                handle.seek(offset)
+                block = handle.read(min(piece, size - offset))
+                done = self._low_level_execute_command(shlex.join(command + ["at:%d" % offset]), in_data=block)
+                found = answers(done["stdout"])
+                if done["rc"] != 0 or len(found) < 2:
+                    raise AnsibleActionFail("%s: the receiver of %s stopped (rc %s): %s"
+                                            % (host, command[3], done["rc"], done["stderr"][-2000:]))
+                last = found[-1]
+                offset += len(block)
+                progress.add(len(block), force=offset == size)
+        return progress, last
+
+    @staticmethod
+    def _progress(host: str, src: str, size: int, first: list[dict[str, Any]]) -> Progress:
+        if not first:
+            raise AnsibleActionFail("%s: the receiver of the model file did not answer" % host)
+        progress = Progress(host, os.path.basename(src), size - first[0]["offset"], first=first[0]["offset"])
+        if first[0].get("repaired"):
+            display.warning("%s: the .part of %s is not what was sent from byte %d on; that part is sent again"
+                            % (host, os.path.basename(src), progress.first))
+        return progress

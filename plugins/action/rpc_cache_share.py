@@ -14,19 +14,19 @@ import os
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
 
 from ansible_collections.llamafleet.cluster.plugins.module_utils.cache_share import SHARE_OPTIONS, SHARE_REQUIRED
 from ansible_collections.llamafleet.cluster.plugins.module_utils.fnv import hash_ranges
 from ansible_collections.llamafleet.cluster.plugins.module_utils.model_share import (
-    ShareError,
     fleet_shares,
     load_or_build_manifest,
     mib,
     share_entries,
 )
 from ansible_collections.llamafleet.cluster.plugins.plugin_utils.share_transfer import (
+    ControllerSend,
     Progress,
+    check_space,
     controller_hasher,
     cut,
     display,
@@ -41,39 +41,24 @@ BATCH_FILES = 8
 BATCH_BYTES = 1 << 30
 
 
-class ActionModule(ActionBase):
+class ActionModule(ControllerSend):
     """Send, check or prune one worker's share of the model."""
 
-    TRANSFERS_FILES = True
-    _supports_check_mode = True
+    OPTIONS = SHARE_OPTIONS
+    REQUIRED = SHARE_REQUIRED
+    WHAT = "the share"
 
-    def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
-        result = super().run(tmp, task_vars)
-        del tmp
-        task_vars = task_vars or {}
-        _validated, args = self.validate_argument_spec(argument_spec=SHARE_OPTIONS)
-        unset = [name for name in SHARE_REQUIRED if args.get(name) is None]
-        if unset:
-            raise AnsibleActionFail("missing required arguments: %s" % ", ".join(unset))
-        if self._task.check_mode and not all(os.path.isfile(os.path.expanduser(p)) for p in args["model"]):
-            result.update(changed=True, msg="the share is sent once the controller has fetched the model")
-            return result
-        try:
-            share = self._share(args)
-            result.update(self._act(args, share, task_vars))
-        except (ShareError, OSError) as exc:
-            raise AnsibleActionFail("%s: %s" % (args["host"], exc)) from None
-        finally:
-            self.cleanup()
-        return result
+    def target(self, args: dict[str, Any], task_vars: dict[str, Any]) -> str:
+        return args["host"]
 
-    def _share(self, args: dict[str, Any]) -> dict[str, Any]:
+    def sources(self, args: dict[str, Any]) -> list[str]:
+        return args["model"]
+
+    def act(self, host: str, args: dict[str, Any], sources: list[str], task_vars: dict[str, Any]) -> dict[str, Any]:
+        return self._act(args, self._share(args, sources), task_vars)
+
+    def _share(self, args: dict[str, Any], model: list[str]) -> dict[str, Any]:
         """The manifest's entries for this worker: ``plan`` (the plan's), ``extra`` (the degraded plans')."""
-        model = [os.path.expanduser(p) for p in args["model"]]
-        missing = [p for p in model if not os.path.isfile(p)]
-        if missing:
-            raise ShareError("the model is not in the controller's cache (%s): run the model role first"
-                             % ", ".join(missing))
         helper = controller_hasher(args["hasher"], os.path.join(os.path.dirname(os.path.dirname(model[0])), ".tools"))
         if helper is None:
             display.warning("no llamafleet-fnv1a64 helper or C compiler on the controller: the model's manifest is "
@@ -117,13 +102,10 @@ class ActionModule(ActionBase):
                                         % (host, args["cache_dir"], len(missing), mib(sum(e["size"] for e in missing)),
                                            ", ".join(t for e in missing for t in e["tensors"])))
             return out
-        need = seen["missing_bytes"] + args["free_margin_mib"] * 1048576
-        if missing and need > seen["free_bytes"]:
-            raise AnsibleActionFail(
-                "%s: the share needs %s MiB in %s (+%d MiB margin), %s MiB free; free space or lower the share (%s: "
-                "false leaves out the degraded plans' %s MiB; fewer layers on %s)"
-                % (host, mib(seen["missing_bytes"]), args["cache_dir"], args["free_margin_mib"],
-                   mib(seen["free_bytes"]), args["label"], mib(share["degraded_bytes"]), host))
+        if missing:
+            check_space(host, "the share", seen["missing_bytes"], seen["free_bytes"], args["cache_dir"],
+                        args["free_margin_mib"], "lower the share (%s: false leaves out the degraded plans' %s MiB; "
+                        "fewer layers on %s)" % (args["label"], mib(share["degraded_bytes"]), host))
         out["sent"] = [e["name"] for e in missing]
         out["sent_bytes"] = sum(e["size"] for e in missing)
         out["changed"] = bool(missing) or seen["changed"]

@@ -16,9 +16,9 @@ The controller sends each tensor of a worker's share (module_utils/model_share.p
 A file verified once is remembered in ``.llamafleet-verified.json`` by its size, mtime, ctime and inode, so a
 later deploy does not hash it again; any change to the file makes it verified anew.
 
-:func:`receive_state` and :func:`receive_pieces` put a whole model file together from pieces sent one by
-one (each checked by its sha256, written at its offset into ``NAME.part``; a later run resumes after the
-pieces already written), and publish it only once the whole file has its pinned sha256.
+:func:`receive_state` and :func:`publish_received` are module model_receive's ends of a whole model file
+streamed into ``NAME.part`` (receive_stream.py writes and checks it): where a run resumes, and the file put in
+place once the whole of it has its pinned sha256.
 
 Stdlib only (``llamafleet.core.cache_share`` in the library).
 """
@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
+import sys
 from typing import Any, Iterable, Mapping, Sequence
 
 from .checksum import sha256_hex, write_marker, verify_in_place
 from .fnv import hash_ranges
+from .receive_stream import read_record, record_path
 from .rpc_cache import CACHE_FILE_MODE, CACHE_NAME, CacheEntry, CacheError, SeedResult, _Seeder
 
 INCOMING = ".llamafleet-incoming"
@@ -258,86 +259,37 @@ def prune_share(cache_dir: str, keep: Iterable[str], uid: int = -1, gid: int = -
     return {"changed": result.changed, "pruned_files": result.pruned_files, "pruned_bytes": result.pruned_bytes}
 
 
-# A whole model file in pieces ---------------------------------------------------------------------------------
-
-def _done_path(target: str) -> str:
-    return target + ".part.json"
-
-
-def _read_record(target: str, size: int, sha256: str, piece_size: int) -> dict[str, Any] | None:
-    """The ``.part.json`` record of ``target`` when it is of this file and piece size and the ``.part`` is whole."""
-    try:
-        with open(_done_path(target), encoding="utf-8") as handle:
-            record = json.load(handle)
-        if (record.get("sha256") == sha256 and record.get("size") == size and record.get("piece") == piece_size
-                and os.path.getsize(target + ".part") == size and isinstance(record.get("done"), list)):
-            return record
-    except (OSError, ValueError, AttributeError):
-        pass
-    return None
-
-
-def pieces_of(size: int, piece_size: int) -> list[dict[str, int]]:
-    """The pieces a file of ``size`` bytes is sent in: ``{index, offset, size}``."""
-    return [{"index": i, "offset": off, "size": min(piece_size, size - off)}
-            for i, off in enumerate(range(0, size, piece_size))]
-
+# A whole model file, streamed -------------------------------------------------------------------------------
 
 def receive_state(target: str, size: int, sha256: str, piece_size: int, check_mode: bool = False) -> dict[str, Any]:
-    """Whether ``target`` is in place with ``sha256`` (``verified``) and, if not, the indexes of the pieces the
-    ``.part`` file still lacks (``missing``), the bytes they take on disk (``missing_bytes``), ``free_bytes``."""
+    """Whether ``target`` is in place with ``sha256`` (``verified``) and, if not, the offset its ``.part``
+    claims to hold (``offset``, checked by the receiver before it resumes), the bytes it takes on disk
+    (``missing_bytes``), ``free_bytes`` and the host's Python (``python``, which runs the receiver)."""
     if not check_mode:
         os.makedirs(os.path.dirname(target) or ".", mode=0o755, exist_ok=True)
     free = free_bytes(target)
     if verify_in_place(target, sha256, record=not check_mode):
-        return {"verified": True, "missing": [], "missing_bytes": 0, "free_bytes": free}
-    record = _read_record(target, size, sha256, piece_size)
-    done = set(record["done"]) if record else set()
-    missing = [p["index"] for p in pieces_of(size, piece_size) if p["index"] not in done]
-    return {"verified": False, "missing": missing, "missing_bytes": size if record is None else 0,
-            "free_bytes": free}
+        return {"verified": True, "offset": size, "missing_bytes": 0, "free_bytes": free}
+    record = read_record(target + ".part", size, sha256, piece_size)
+    offset = min(len(record["digests"]) * piece_size, size) if record else 0
+    return {"verified": False, "offset": offset, "missing_bytes": size if record is None else 0,
+            "free_bytes": free, "python": sys.executable}
 
 
-def receive_pieces(target: str, size: int, sha256: str, piece_size: int, pieces: Sequence[Mapping[str, Any]],
-                   final: bool = False) -> dict[str, Any]:
-    """Write each received piece (``{path, index, sha256}``) into ``target.part`` at its offset once its bytes
-    check out; with ``final``, publish ``target`` when the whole ``.part`` has ``sha256``."""
+def publish_received(target: str, size: int, sha256: str, piece_size: int) -> dict[str, Any]:
+    """Put ``target.part`` in place once the receiver found its whole sha256 the pinned one and it has not
+    changed since (``published``); CacheError otherwise."""
     part = target + ".part"
-    record = _read_record(target, size, sha256, piece_size)
-    if record is None:
-        record = {"sha256": sha256, "size": size, "piece": piece_size, "done": []}
-        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-        with open(part, "wb") as handle:
-            handle.truncate(size)
-    layout = {p["index"]: p for p in pieces_of(size, piece_size)}
-    written = 0
-    with open(part, "r+b") as handle:
-        for piece in pieces:
-            where = layout.get(piece["index"])
-            try:
-                got = sha256_hex(piece["path"])
-                if where is None or got != piece["sha256"] or os.path.getsize(piece["path"]) != where["size"]:
-                    raise CacheError("%s: piece %d arrived with sha256 %s, sent with %s"
-                                     % (target, piece["index"], got, piece["sha256"]))
-                with open(piece["path"], "rb") as src:
-                    handle.seek(where["offset"])
-                    shutil.copyfileobj(src, handle, 8 << 20)
-            finally:
-                os.unlink(piece["path"])
-            record["done"] = sorted(set(record["done"]) | {piece["index"]})
-            written += where["size"]
-        handle.flush()
-        os.fsync(handle.fileno())
-    with open(_done_path(target), "w", encoding="utf-8") as out:
-        json.dump(record, out)
-    if not final or len(record["done"]) < len(layout):
-        return {"written_bytes": written, "published": False}
-    got = sha256_hex(part)
-    os.unlink(_done_path(target))
-    if got != sha256:
-        os.unlink(part)
-        raise CacheError("%s: the file put together has sha256 %s, the pinned one is %s; it is sent again on the "
-                         "next run" % (target, got, sha256))
+    record = read_record(part, size, sha256, piece_size)
+    try:
+        st = os.stat(part)
+    except FileNotFoundError:
+        st = None
+    if record is None or record.get("whole") != sha256 or st is None or \
+            record.get("stat") != [st.st_size, st.st_mtime_ns, st.st_ino]:
+        raise CacheError("%s: the received file is not whole with sha256 %s (or changed since it was checked); it "
+                         "is sent again on the next run" % (target, sha256))
     os.replace(part, target)
+    os.unlink(record_path(part))
     write_marker(target, sha256)
-    return {"written_bytes": written, "published": True}
+    return {"published": True}

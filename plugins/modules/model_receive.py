@@ -8,15 +8,19 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: model_receive
-short_description: Copy a verified model file from the controller's cache to a host, resumably, in pieces
+short_description: Copy a verified model file from the controller's cache to a host, resumably, in one stream
 version_added: "0.3.0"
 description:
   - The action plugin of the same name (on the controller) asks the host whether O(dest) holds the file with its
-    pinned O(sha256); if not, it sends the pieces of O(src) the host's C(.part) file still lacks, each checked by
-    its sha256 on arrival and written at its offset, showing progress (bytes done and total, MB/s) on the controller.
+    pinned O(sha256); if not, it streams O(src) through the connection (ssh or local; other connections and a
+    password to type get one command per piece) straight into the host's C(.part) file, from the offset that file
+    is good to, hashing it as it is written, and shows progress (bytes done and total, MB/s) on the controller.
     The file is renamed into place only once all of it has the pinned sha256, with the same marker
-    M(llamafleet.cluster.model_fetch) leaves, so either module finds it verified later.
-  - A run that stops midway resumes after the pieces already written.
+    M(llamafleet.cluster.model_fetch) leaves, so either module finds it verified later; a whole file with another
+    sha256 is removed and the task fails.
+  - A run that stops midway resumes after the last whole piece written; the pieces already there are read once
+    and checked against the sha256 each had when it was written, and from the first that differs on, the file
+    is sent again.
   - The disk space is checked before anything is sent.
   - The module itself (the host side) takes O(action) and is not meant to be called directly.
 author: llamafleet maintainers (@llamafleet)
@@ -40,7 +44,7 @@ options:
     description: Its size in bytes (set by the action plugin).
     type: int
   piece_mib:
-    description: The size of the pieces it is sent in; a stopped run sends again at most one piece.
+    description: The size of the pieces whose sha256 the host records; a stopped run sends again at most one piece.
     type: int
     default: 256
   owner:
@@ -62,17 +66,9 @@ options:
     type: str
     default: model_dir
   action:
-    description: The host-side step the action plugin asks for (V(inspect), V(install)).
+    description: The host-side step the action plugin asks for (V(inspect), V(publish)).
     type: str
-    choices: [inspect, install]
-  pieces:
-    description: The host-side received pieces, each V({path, index, sha256}).
-    type: list
-    elements: dict
-  final:
-    description: Whether these are the last pieces (the file is then verified and published).
-    type: bool
-    default: false
+    choices: [inspect, publish]
 seealso:
   - module: llamafleet.cluster.model_fetch
 """
@@ -100,7 +96,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llamafleet.cluster.plugins.module_utils.cache_share import (
     RECEIVE_OPTIONS,
-    receive_pieces,
+    publish_received,
     receive_state,
 )
 from ansible_collections.llamafleet.cluster.plugins.module_utils.rpc_cache import CacheError
@@ -111,9 +107,7 @@ def main() -> None:
         argument_spec=dict(
             RECEIVE_OPTIONS,
             size=dict(type="int"),
-            action=dict(type="str", choices=["inspect", "install"]),
-            pieces=dict(type="list", elements="dict"),
-            final=dict(type="bool", default=False),
+            action=dict(type="str", choices=["inspect", "publish"]),
         ),
         supports_check_mode=True,
     )
@@ -125,8 +119,7 @@ def main() -> None:
         if params["action"] == "inspect":
             result = receive_state(params["dest"], params["size"], params["sha256"].lower(), piece, module.check_mode)
         else:
-            result = receive_pieces(params["dest"], params["size"], params["sha256"].lower(), piece,
-                                    params["pieces"] or [], params["final"])
+            result = publish_received(params["dest"], params["size"], params["sha256"].lower(), piece)
     except CacheError as exc:
         module.fail_json(msg=str(exc))
     except OSError as exc:

@@ -1,5 +1,5 @@
-"""The worker side of a share on real files: what the cache holds, verified installs, pruning; and a whole file
-put together from pieces, resumed after a stop."""
+"""The worker side of a share on real files: what the cache holds, verified installs, pruning (a whole file
+streamed into place: test_receive_stream.py)."""
 
 from __future__ import annotations
 
@@ -110,43 +110,3 @@ def test_prune_keeps_only_the_shares(tmp_path: Path, entries: list[dict]) -> Non
     assert sorted(p.name for p in cache.iterdir()) == sorted(
         [entries[0]["name"], cs.INCOMING, cs.VERIFIED_NAME, "not-a-cache-file"])
     assert not cs.prune_share(str(cache), keep)["changed"]
-
-
-def test_whole_file_from_pieces_resumes_and_is_verified(tmp_path: Path) -> None:
-    data = os.urandom(10_000)
-    sha = hashlib.sha256(data).hexdigest()
-    target = tmp_path / "models" / "m.gguf"
-    piece = 3000
-    layout = cs.pieces_of(len(data), piece)
-    assert [p["size"] for p in layout] == [3000, 3000, 3000, 1000]
-
-    def sent(index: int, content: bytes | None = None) -> dict:
-        where = layout[index]
-        chunk = data[where["offset"]:where["offset"] + where["size"]] if content is None else content
-        path = tmp_path / ("piece-%d" % index)
-        path.write_bytes(chunk)
-        return {"path": str(path), "index": index, "sha256": hashlib.sha256(chunk).hexdigest()}
-
-    state = cs.receive_state(str(target), len(data), sha, piece)
-    assert state["missing"] == [0, 1, 2, 3] and state["missing_bytes"] == len(data)
-    cs.receive_pieces(str(target), len(data), sha, piece, [sent(0), sent(2)])
-    # a stop here: the next run sends only what is missing
-    assert cs.receive_state(str(target), len(data), sha, piece)["missing"] == [1, 3]
-    with pytest.raises(CacheError, match="piece 1 arrived with sha256"):
-        broken = sent(1)
-        broken["sha256"] = "0" * 64
-        cs.receive_pieces(str(target), len(data), sha, piece, [broken])
-    done = cs.receive_pieces(str(target), len(data), sha, piece, [sent(1), sent(3)], final=True)
-    assert done["published"] and target.read_bytes() == data
-    assert cs.receive_state(str(target), len(data), sha, piece)["verified"]
-
-
-def test_whole_file_with_the_wrong_digest_is_not_published(tmp_path: Path) -> None:
-    data = os.urandom(5000)
-    target = tmp_path / "m.gguf"
-    path = tmp_path / "p0"
-    path.write_bytes(data)
-    piece = {"path": str(path), "index": 0, "sha256": hashlib.sha256(data).hexdigest()}
-    with pytest.raises(CacheError, match="the pinned one is"):
-        cs.receive_pieces(str(target), len(data), "f" * 64, 8192, [piece], final=True)
-    assert not target.exists() and not Path(str(target) + ".part").exists()
