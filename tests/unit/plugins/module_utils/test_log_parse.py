@@ -203,3 +203,20 @@ def test_a_log_without_buffer_lines_is_a_problem() -> None:
         [], ["llama.cpp's log has no KV buffer lines: run llama-server with -lv 4 or more"])
     rows, problems = buffers_against_plan(plan, LV4)
     assert problems == [] and [row["kv_mib"] for row in rows] == [24.0, 18.0, 0.0]
+
+
+def test_buffers_of_the_big_model_as_the_lab_deploys_it() -> None:
+    """The synthetic 7B (ctx 1024, 4 slots, q8_0 KV) with 28 layers on the CPU: every figure as planned, and the
+    compute buffers of this shape far under the default 512 MiB margin."""
+    facts = json.loads((FIXTURES / "synth-7b-q8_0_model_facts.json").read_text())
+    plan = plan_split([_worker("w1", 50171, _cpu()), _worker("w2", 50181, _cpu())],
+                      {"host": "ctl", "devices": [_cpu()]}, facts, ctx_size=1024, n_parallel=4, cache_type_k="q8_0",
+                      cpu_layers=28, tensor_split=[4, 1])
+    parsed = parse_load_log(
+        (FIXTURES / "llama-server_0c1e570_lv4_synth7b-q8_0_cpu28-planned-4-1_real.log").read_text())
+    assert compare_with_plan(plan, parsed) == []
+    rows, problems = buffers_against_plan(plan, parsed)
+    assert problems == []
+    assert [(row["device"], row["model_mib"], row["kv_mib"], row["compute_mib"]) for row in rows] == [
+        ("RPC0", 820.38, 34.0, 80.84), ("RPC1", 1.74, 0.0, 0.07), ("CPU", 5744.35, 238.0, 88.84)]
+    assert [row["planned_compute_mib"] for row in rows] == [512.0, 512.0, 512.0]
