@@ -10,7 +10,8 @@ llama-2-7B shape (``llamafleet.lab.artifacts.BIG_MODEL``) as the model's source 
    bare hosts to the first token;
 2. bytes from the source, per client address (the mirror's log of what it sent): once, to the controller;
 3. bytes into each host over the LAN during the deploy (its veth's counter on the controller) and its disk used
-   (the rpc-server cache and the models folder) against the share its plan gives it; the seeding rate;
+   (the rpc-server cache and the models folder) against the share its plan gives it; the seeding rate; llama.cpp's
+   model, KV and compute buffers per device against the plan's weights, KV and compute margin (its load log);
 4. load time and bytes sent to the workers at load, seeded (the deployed caches) against unseeded (caches moved
    aside, then back);
 5. decode tok/s of the cluster against one llama-server of the same build and model on this machine with no memory
@@ -38,21 +39,24 @@ from pathlib import Path
 
 from llamafleet.bench.cache import CACHE_DIR
 from llamafleet.bench.measure import stream_completion, sweep
-from llamafleet.cluster import Endpoint, api_key_of, read_plan
+from llamafleet.cluster import Endpoint, api_key_of, read_plan, server_log
+from llamafleet.core.log_parse import buffers_against_plan, parse_load_log
 from llamafleet.fleet import Fleet
 from llamafleet.lab import LabPaths
 from llamafleet.lab.artifacts import (
     BIG_MODEL,
+    BIG_MODEL_CTX,
     BIG_MODEL_NAME,
     LLAMA_CPP_COMMIT,
+    big_model_extra_vars,
     ensure_artifact,
 )
 from llamafleet.lab.core import DEFAULT_MEMORY_MIB
 from llamafleet.lab.memory import PEAK_RSS_COMMAND, oom_kills
-from llamafleet.lab.mirror import publish
+from llamafleet.lab.mirror import mirror_url, publish
 from tests.helpers import INVENTORY, cli, playbook
 
-CTX = 1024  # with a q8_0 KV cache (tests/e2e/test_big_model.py says why)
+CTX = BIG_MODEL_CTX
 CACHE = CACHE_DIR
 MODELS = "/var/lib/llamafleet/models"
 SENT = re.compile(r" INFO (\S+) sent (\d+) bytes of /(\S+)$")
@@ -128,9 +132,7 @@ def main() -> int:
     path = ensure_artifact(BIG_MODEL, LabPaths.default().root)
     size = path.stat().st_size
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as extra:
-        json.dump({"model_name": BIG_MODEL_NAME, "llama_server_ctx_size": CTX,
-                   "llama_server_cache_type": "q8_0", "model_files": [{"url": "http://10.77.0.1:8089/models/" + BIG_MODEL.name,
-                                    "sha256": BIG_MODEL.sha256}]}, extra)
+        json.dump(big_model_extra_vars(mirror_url(BIG_MODEL.subdir, BIG_MODEL.name)), extra)
     # the controller's cached copy goes, so the source is asked again: bytes from the source are measured
     controller_copy = LabPaths.default().root / "models" / BIG_MODEL_NAME
     subprocess.run(["rm", "-rf", str(controller_copy)], check=True)
@@ -160,6 +162,10 @@ def main() -> int:
     figures["model_bytes"] = size
     figures["from_source_bytes_by_address"] = source_bytes(mirror_log, log_start, f"models/{BIG_MODEL.name}")
     plan = read_plan(fleet)
+    # llama.cpp's model, KV and compute buffers per device against the plan, from the deploy's load (before the
+    # loads below restart llama-server)
+    rows, problems = buffers_against_plan(plan, parse_load_log(server_log(fleet)))
+    figures["buffers_against_plan"] = {"devices": rows, "problems": problems}
     planned = {}
     for device in plan["devices"]:
         host = device.get("host") or fleet.orchestrator.name
