@@ -111,6 +111,10 @@ RPC_FIREWALL_TABLE = "inet llamafleet_rpc"
 # the rpc_server role added there (JSON), so it can remove them, and the comment its ufw rules carry.
 HOST_FIREWALL_STATE = CONFIG_DIR + "/host-firewall.json"
 HOST_FIREWALL_COMMENT = "llamafleet-rpc"
+# The edge (roles/edge, Debian's HAProxy in front of the gate): the folder of its root-only copies of the API key and
+# certificate. It marks an edge the role configured: while it exists the llama_server role's preflight lets HAProxy
+# hold the clients' port, and the edge role stops that HAProxy when the edge is turned off (llamafleet_edge: none).
+EDGE_CONFIG_DIR = "/etc/haproxy/llamafleet"
 # The module_utils files that run on the hosts (stdlib only) are installed as the package HOST_PACKAGE
 # in LIBEXEC_DIR, the HOST_SCRIPTS of it, and run as modules: HOST_PYTHON + [module, arguments...].
 # So they import each other relatively there as they do here (rpc_metrics uses host_observation's parsers).
