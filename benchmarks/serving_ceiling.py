@@ -61,14 +61,9 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> No
     raise SystemExit("llama-server was not healthy within %.0f s" % timeout)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
-
+def measure_ceiling(clients: int, seconds: float, threads: int) -> dict:
+    """One llama-server with the lab's own build and model, ``clients`` slots on a unified cache, no RPC: 1 client
+    and ``clients`` clients for ``seconds`` each. Returns ``{"threads", "ratio", "steps": {1: ..., clients: ...}}``."""
     cache = cache_root()
     # the lab's own release and model, as the cluster it is compared with runs them (not whatever was built last)
     artifacts = sorted((cache / "artifacts").glob(f"{LLAMA_CPP_COMMIT[:12]}-cpu-*.tar.gz"), key=lambda p: p.stat().st_mtime)
@@ -82,27 +77,38 @@ def main() -> int:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         argv = [f"{tmp}/bin/llama-server", "-m", str(models[0]), "--host", "127.0.0.1", "--port", str(port),
-                "-np", str(args.clients), "-c", str(512 * args.clients), "--kv-unified", "-t", str(args.threads)]
+                "-np", str(clients), "-c", str(512 * clients), "--kv-unified", "-t", str(threads)]
         print(f"==> {' '.join(argv[1:])} ({artifacts[-1].name})", flush=True)
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             wait_healthy(url, proc)
             stream_completion(url, n_predict=8)  # warm up
             steps = {n: sweep(lambda: stream_completion(url, n_predict=N_PREDICT, timeout=120), n,
-                              duration_s=args.seconds) for n in (1, args.clients)}
+                              duration_s=seconds) for n in (1, clients)}
         finally:
             proc.terminate()
             proc.wait(timeout=30)
-    one, many = steps[1], steps[args.clients]
-    print(f"{'clients':>7} {'tok/s':>8} {'p95 s':>7} {'errors':>6}")
-    for n, step in steps.items():
-        p95 = f"{step.latency_p95_s:.1f}" if step.latency_p95_s is not None else "-"
-        print(f"{n:>7} {step.aggregate_tok_s:>8.1f} {p95:>7} {step.errors:>6}")
+    one, many = steps[1], steps[clients]
     ratio = many.aggregate_tok_s / one.aggregate_tok_s if one.aggregate_tok_s else 0.0
-    print(f"{args.clients} clients / 1 client: {ratio:.2f}x (one llama-server, {args.threads} threads, no RPC)")
+    return {"threads": threads, "ratio": ratio, "steps": {n: asdict(s) for n, s in steps.items()}}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    result = measure_ceiling(args.clients, args.seconds, args.threads)
+    print(f"{'clients':>7} {'tok/s':>8} {'p95 s':>7} {'errors':>6}")
+    for n, step in result["steps"].items():
+        p95 = f"{step['latency_p95_s']:.1f}" if step["latency_p95_s"] is not None else "-"
+        print(f"{n:>7} {step['aggregate_tok_s']:>8.1f} {p95:>7} {step['errors']:>6}")
+    print(f"{args.clients} clients / 1 client: {result['ratio']:.2f}x (one llama-server, {args.threads} threads, "
+          "no RPC)")
     if args.json:
-        args.json.write_text(json.dumps({"threads": args.threads, "ratio": ratio,
-                                         "steps": {n: asdict(s) for n, s in steps.items()}}, indent=2) + "\n")
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

@@ -10,6 +10,12 @@ latency and errors. The deployed default is restored at the end. `--soak` runs o
 (the 4-worker soak: `--hosts 5 --soak 600`).
 
     python -m benchmarks.serving_load [--hosts 3] [--clients 16] [--seconds 60] [--slots 1,0] [--json FILE]
+    python -m benchmarks.serving_load --role-defaults --variant base --variant "threads=rpc_server_threads=2" --ceiling
+
+`--role-defaults` deploys with the llama_server role's own defaults for the context, slots and log level (the lab's
+inventory sets a smaller context and -lv 5 for its tests); each `--variant LABEL[=VAR=VALUE ...]` is one deploy with
+those extra variables; `--ceiling` also measures benchmarks.serving_ceiling in the same run and prints each
+variant's 16/1 ratio against the ceiling's (issue 24's goal: at least 0.9).
     python -m benchmarks.serving_load --hosts 5 --soak 600 --clients 16 --json soak.json
 
 Needs root and the lab (`llamafleet lab up --hosts N` is run if it is not up). Targets: with the planned
@@ -60,6 +66,28 @@ def step(endpoint: Endpoint, clients: int, seconds: float) -> dict:
     return asdict(result)
 
 
+def role_defaults() -> list[str]:
+    """``-e`` arguments that put back the llama_server role's defaults the lab inventory overrides."""
+    import yaml
+
+    defaults = yaml.safe_load((ROOT / "roles" / "llama_server" / "defaults" / "main.yml").read_text())
+    extra = []
+    for name in ("llama_server_ctx_size", "llama_server_parallel", "llama_server_log_verbosity"):
+        extra += ["-e", f"{name}={defaults[name]}"]
+    return extra
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """``LABEL[=VAR=VALUE ...]`` -> the label and its ``-e`` arguments."""
+    label, dummy, rest = text.partition("=")
+    extra = []
+    for pair in rest.split():
+        if "=" not in pair:
+            raise SystemExit(f"--variant {text!r}: {pair!r} is not VAR=VALUE")
+        extra += ["-e", pair]
+    return label, extra
+
+
 def row_text(label: str, one: dict, many: dict) -> str:
     ratio = many["aggregate_tok_s"] / one["aggregate_tok_s"] if one["aggregate_tok_s"] else float("nan")
     return (f"| {label} | {one['aggregate_tok_s']:.1f} | {many['clients']} | {many['aggregate_tok_s']:.1f} | "
@@ -74,6 +102,11 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--slots", default="1,0", help="llama_server_parallel values to compare (0 = planned)")
     parser.add_argument("--soak", type=float, help="one step of this many seconds with the planned slots instead")
+    parser.add_argument("--role-defaults", action="store_true",
+                        help="deploy with the llama_server role's defaults for context, slots and log level")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="LABEL[=VAR=VALUE ...]: one deploy with these variables (instead of --slots)")
+    parser.add_argument("--ceiling", action="store_true", help="also measure benchmarks.serving_ceiling")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -83,26 +116,47 @@ def main() -> int:
     lines = ["| slots | 1 client tok/s | clients | aggregate tok/s | x 1 client | p50 s | p95 s | TTFT p95 s "
              "| requests | errors |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     try:
-        settings = [0] if args.soak else [int(s) for s in args.slots.split(",")]
-        for slots in settings:
-            print(f"==> deploying with llama_server_parallel={slots}", flush=True)
-            deploy("-e", f"llama_server_parallel={slots}")
+        base = role_defaults() if args.role_defaults else []
+        if args.variant:
+            variants = [parse_variant(text) for text in args.variant]
+        else:
+            settings = [0] if args.soak else [int(s) for s in args.slots.split(",")]
+            variants = [(None, ["-e", f"llama_server_parallel={slots}"]) for slots in settings]
+        for name, extra in variants:
+            print(f"==> deploying with {' '.join(base + extra) or 'the inventory as it is'}", flush=True)
+            deploy(*base, *extra)
             endpoint = Endpoint.of(fleet)
             endpoint.wait_healthy(timeout=300)
             plan = read_plan(fleet)
+            slots = 0 if plan["n_parallel_auto"] else plan["n_parallel"]
             label = f"{plan['n_parallel']} ({'planned' if slots == 0 else 'fixed'})"
+            if name:
+                label = f"{name}: {label}"
             print(f"==> {label} slots, {len(plan['rpc'])} workers: 1 client for {args.seconds:.0f} s", flush=True)
             one = step(endpoint, 1, args.seconds)
             seconds = args.soak or args.seconds
             print(f"==> {args.clients} clients for {seconds:.0f} s", flush=True)
             many = step(endpoint, args.clients, seconds)
-            results["runs"].append({"slots": plan["n_parallel"], "planned": slots == 0, "workers": len(plan["rpc"]),
-                                    "one": one, "many": many})
+            results["runs"].append({"label": label, "deploy_vars": base + extra, "slots": plan["n_parallel"],
+                                    "planned": slots == 0, "workers": len(plan["rpc"]), "one": one, "many": many})
             lines.append(row_text(label, one, many))
             print(lines[-1], flush=True)
     finally:
         print("==> restoring the deployed default", flush=True)
         deploy()
+    if args.ceiling:
+        from benchmarks.serving_ceiling import measure_ceiling
+
+        ceiling = measure_ceiling(args.clients, args.seconds, os.cpu_count() or 1)
+        results["ceiling"] = ceiling
+        lines.append("")
+        lines.append(f"ceiling (one llama-server, no RPC, {ceiling['threads']} threads): {ceiling['ratio']:.2f}x")
+        for run_ in results["runs"]:
+            one_tok, many_tok = run_["one"]["aggregate_tok_s"], run_["many"]["aggregate_tok_s"]
+            ratio = many_tok / one_tok if one_tok else 0.0
+            run_["against_ceiling"] = ratio / ceiling["ratio"] if ceiling["ratio"] else 0.0
+            lines.append(f"{run_['label']}: {ratio:.2f}x, {run_['against_ceiling']:.2f} of the ceiling's "
+                         f"(goal 0.9)")
     print("\n".join(lines))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
