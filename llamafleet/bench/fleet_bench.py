@@ -261,7 +261,9 @@ def validate(settings: dict[str, Any]) -> dict[str, Any]:
     points = matrix(workers, counts, latencies, list(policies), bandwidths, [b["name"] for b in builds])
     return {"errors": [], "run_dir": str(run_dir), "points": points, "builds": builds,
             "build_keys": sorted({key for b in builds for key in b["vars"]}),
-            "groups": [{"group": GROUP % n, "workers": workers[:n]} for n in sorted(set(counts))]}
+            "groups": [{"group": GROUP % n, "workers": workers[:n]} for n in sorted(set(counts))],
+            # the library's folder on the controller: the bench role ships bench/rpcproxy.py from it to the hosts
+            "library_dir": str(Path(__file__).resolve().parents[1])}
 
 
 def matrix(workers: list[str], counts: list[int], latencies: list[float], policies: list[str],

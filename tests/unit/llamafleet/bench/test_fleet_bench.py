@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import pytest
+import yaml
 
+from ansible_collections.llamafleet.cluster.plugins.filter.host_files import host_package_files
 from llamafleet.bench import fleet_bench
 from llamafleet.bench.report import PLOTS
 
@@ -301,3 +306,30 @@ def test_a_point_sends_the_key_read_from_its_key_file(tmp_path: Path, sse_server
                                        "api_key_file": str(key_file)})
     assert summary["status"] == "ok"
     assert server.requests[0][1]["Authorization"] == "Bearer sk-from-the-file-0123456789"
+
+
+def test_the_bench_role_ships_a_proxy_that_imports_on_a_bare_python(tmp_path: Path) -> None:
+    """The bench role's host_files task, its expression evaluated with the library folder validate reports: the files
+    it installs, laid out under a run folder, import llamafleet.bench.rpcproxy on a python3 that sees no site
+    packages (so no installed llamafleet), as python3 -m runs it on the orchestrator."""
+    out = fleet_bench.validate(settings(tmp_path))
+    assert Path(out["library_dir"], "bench", "rpcproxy.py").is_file()
+    tasks = yaml.safe_load((REPO / "roles" / "bench" / "tasks" / "main.yml").read_text(encoding="utf-8"))
+    (task,) = [t["llamafleet.cluster.host_files"] for t in tasks if "llamafleet.cluster.host_files" in t]
+    assert "pipe" not in json.dumps(tasks)
+    env = jinja2.Environment()
+    env.filters["llamafleet.cluster.host_package_files"] = host_package_files
+    run_dir = tmp_path / "run"
+    names = {"bench_run": out, "_bench_run_dir": str(run_dir), "role_path": str(REPO / "roles" / "bench")}
+    for directory in task["directories"]:
+        Path(env.from_string(directory["path"]).render(names)).mkdir(parents=True, exist_ok=True)
+    files = env.compile_expression(task["files"].strip()[2:-2])(names)
+    for item in files:
+        dest = Path(item["dest"])
+        assert dest.parent.is_dir() and run_dir in dest.parents, dest
+        dest.write_text(Path(item["src"]).read_text(encoding="utf-8") if "src" in item else item["content"],
+                        encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-S", "-c", "import llamafleet.bench.rpcproxy as m; print(m.__file__)"],
+                          cwd=tmp_path, env={"PYTHONPATH": str(run_dir)}, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(run_dir / "llamafleet" / "bench" / "rpcproxy.py")
