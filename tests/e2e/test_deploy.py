@@ -18,7 +18,13 @@ import yaml
 
 from llamafleet.cluster import Endpoint, read_plan, server_log
 from llamafleet.core import constants
-from llamafleet.core.log_parse import buffers_by_device, compare_with_plan, layer_ranges, parse_load_log
+from llamafleet.core.log_parse import (
+    buffers_against_plan,
+    buffers_by_device,
+    compare_with_plan,
+    layer_ranges,
+    parse_load_log,
+)
 from llamafleet.lab.artifacts import LLAMA_CPP_ARCHIVE_SUBDIR
 from llamafleet.lab.core import DEFAULT_MEMORY_MIB
 from tests.e2e.bad_models import make_bad_models
@@ -63,6 +69,8 @@ def test_layers_on_every_rpc_device_as_planned(deployed, fleet):
     loaded = buffers_by_device(parsed, "model")
     for dev in plan["devices"]:
         assert loaded.get(dev["name"], 0.0) == pytest.approx(dev["weights_mib"], abs=0.1), (dev, loaded)
+    # the KV and compute buffers too, and the orchestrator's CPU layers when the plan gives it some
+    assert buffers_against_plan(plan, parsed)[1] == [], parsed["buffers"]
 
 
 def test_each_cpu_worker_runs_under_a_memory_limit_that_holds_its_plan(deployed, fleet):
