@@ -12,22 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .core import constants
+from .core.http_wire import error_message
 from .core.systemd_show import show_argv
 from .errors import UserError
 from .fleet import Fleet, Host
 from .layout import HostLayout, as_bool, host_layout, orchestrator_layout
-
-
-def error_message(body: bytes | str) -> str:
-    """The message of a llama-server error body (``{"error": {"message": ...}}``), else the body's start."""
-    text = body.decode(errors="replace") if isinstance(body, bytes) else body
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return text.strip()[:300]
-    if isinstance(data, dict) and isinstance(data.get("error"), dict) and data["error"].get("message"):
-        return str(data["error"]["message"])
-    return text.strip()[:300]
 
 
 @dataclass

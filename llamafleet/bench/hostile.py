@@ -10,11 +10,13 @@ never a reset, never a 2xx or 5xx, which would mean it went past the edge. A few
 from __future__ import annotations
 
 import argparse
+import json
 import socket
 import ssl
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -300,77 +302,106 @@ def cases(host: str, key: str, max_body: int, slow_seconds: float) -> list[Case]
     return out
 
 
-def flood(attacker: Endpoint, client: Endpoint, key: str, connections: int = 1000, probes: int = 10,
-          deadline: float = 1.0, hold: float = 10.0, host: str = "localhost") -> dict[str, object]:
-    """Hold ``connections`` from ``attacker`` that trickle a header byte a second (a slowloris that reconnects what
-    the edge drops or refuses), and meanwhile send ``probes`` keyed requests from ``client``, each to be answered
-    within ``deadline`` seconds."""
-    socks: list[socket.socket] = []
-    counts = {"refused": 0, "dropped": 0}
-    stop = threading.Event()
-    # on a TLS port the attacker never finishes its handshake: a record header promising 512 bytes, then a byte a
-    # second; on plain HTTP a head that never ends
-    start, drip = ((b"\x16\x03\x01\x02\x00", b"\x01") if attacker.tls
-                   else (b"GET /v1/models HTTP/1.1\r\nHost: " + host.encode() + b"\r\nX: ", b"a"))
+class Flood:
+    """While open: ``connections`` from ``attacker`` that trickle a header byte a second (a slowloris that reconnects
+    what the edge drops or refuses); ``held`` says how many are open now, ``counts`` how many were refused at connect
+    and dropped after."""
 
-    def fill() -> None:
+    def __init__(self, attacker: Endpoint, connections: int = 1000, host: str = "localhost") -> None:
+        self.attacker = attacker
+        self.connections = connections
+        self.socks: list[socket.socket] = []
+        self.counts = {"refused": 0, "dropped": 0}
+        self._stop = threading.Event()
+        self._feeder = threading.Thread(target=self._trickle, daemon=True)
+        # on a TLS port the attacker never finishes its handshake: a record header promising 512 bytes, then a byte
+        # a second; on plain HTTP a head that never ends
+        self._start, self._drip = ((b"\x16\x03\x01\x02\x00", b"\x01") if attacker.tls
+                                   else (b"GET /v1/models HTTP/1.1\r\nHost: " + host.encode() + b"\r\nX: ", b"a"))
+
+    @property
+    def held(self) -> int:
+        return len(self.socks)
+
+    def _fill(self) -> None:
         """Open connections until ``connections`` are held (the attacker reconnects what the edge drops)."""
-        for _index in range(connections - len(socks)):
-            if stop.is_set():
+        for _index in range(self.connections - len(self.socks)):
+            if self._stop.is_set():
                 return
             try:
-                sock = socket.create_connection((attacker.host, attacker.port), timeout=5.0,
-                                                source_address=(attacker.source, 0) if attacker.source else None)
-                sock.sendall(start)
-                socks.append(sock)
+                sock = socket.create_connection((self.attacker.host, self.attacker.port), timeout=5.0,
+                                                source_address=(self.attacker.source, 0) if self.attacker.source else None)
+                sock.sendall(self._start)
+                self.socks.append(sock)
             except OSError:
-                counts["refused"] += 1
+                self.counts["refused"] += 1
 
-    def trickle() -> None:
-        while not stop.wait(1.0):
-            for sock in list(socks):
+    def _trickle(self) -> None:
+        while not self._stop.wait(1.0):
+            for sock in list(self.socks):
                 try:
-                    sock.send(drip)
+                    sock.send(self._drip)
                 except OSError:
-                    socks.remove(sock)
+                    self.socks.remove(sock)
                     sock.close()
-                    counts["dropped"] += 1
-            fill()
+                    self.counts["dropped"] += 1
+            self._fill()
 
-    fill()
-    feeder = threading.Thread(target=trickle, daemon=True)
-    feeder.start()
-    time.sleep(min(hold, 1.0))
+    def __enter__(self) -> "Flood":
+        self._fill()
+        self._feeder.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._feeder.join()
+        for sock in self.socks:
+            sock.close()
+
+
+def probe(client: Endpoint, key: str, probes: int = 10, deadline: float = 1.0, every: float = 1.0,
+          host: str = "localhost", before: Callable[[], None] | None = None) -> dict[str, object]:
+    """``probes`` keyed requests from ``client``, one every ``every`` seconds, each to be answered (2xx) within
+    ``deadline`` seconds; ``before`` runs before each."""
     times: list[float] = []
     statuses: list[object] = []
-    held: list[int] = []
     request = _request("GET", "/v1/models", ["Host: " + host, "Authorization: Bearer " + key, "Connection: close"])
     for _index in range(probes):
-        held.append(len(socks))
+        if before:
+            before()
         result = run_case(client, Case("probe", (request,), SERVED), timeout=deadline + 4)
         times.append(result.seconds)
         statuses.append(result.status or result.outcome)
-        time.sleep(max(0.0, hold / probes - result.seconds))
-    stop.set()
-    feeder.join()
-    for sock in socks:
-        sock.close()
+        time.sleep(max(0.0, every - result.seconds))
     served = sum(1 for s, t in zip(statuses, times) if isinstance(s, int) and 200 <= s < 300 and t <= deadline)
-    return {"connections": connections, "held_min": min(held), "held_max": max(held), **counts,
-            "probes": probes, "served_in_time": served, "slowest_s": round(max(times), 3), "statuses": statuses,
+    return {"probes": probes, "served_in_time": served, "slowest_s": round(max(times), 3), "statuses": statuses,
             "ok": served == probes}
 
 
+def flood(attacker: Endpoint, client: Endpoint, key: str, connections: int = 1000, probes: int = 10,
+          deadline: float = 1.0, hold: float = 10.0, host: str = "localhost") -> dict[str, object]:
+    """Hold a :class:`Flood` of ``connections`` from ``attacker`` and meanwhile :func:`probe` from ``client``."""
+    held: list[int] = []
+    with Flood(attacker, connections, host) as attack:
+        time.sleep(min(hold, 1.0))
+        report = probe(client, key, probes, deadline, hold / probes, host, lambda: held.append(attack.held))
+    return {"connections": connections, "held_min": min(held), "held_max": max(held), **attack.counts, **report}
+
+
 def run_suite(endpoint: Endpoint, key: str, host: str = "localhost", max_body: int = 8 << 20,
-              slow_seconds: float = 12.0, progress: Callable[[Result], None] | None = None) -> list[Result]:
-    """Every case against ``endpoint``, one after another."""
-    results = []
-    for case in cases(host, key, max_body, slow_seconds):
+              slow_seconds: float = 12.0, progress: Callable[[Result], None] | None = None,
+              workers: int = 1) -> list[Result]:
+    """Every case against ``endpoint``, ``workers`` at a time (one after another by default; a few at once spare the
+    slow senders' wait, each on its own connection, within the edge's per-address limits), in the cases' order."""
+
+    def one(case: Case) -> Result:
         result = run_case(endpoint, case, timeout=slow_seconds + 10)
-        results.append(result)
         if progress:
             progress(result)
-    return results
+        return result
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return list(pool.map(one, cases(host, key, max_body, slow_seconds)))
 
 
 def table(results: list[Result]) -> str:
@@ -398,10 +429,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flood", type=int, default=1000, help="idle connections from --flood-source (0: none)")
     parser.add_argument("--flood-source", default="", help="the local address the flood comes from")
     parser.add_argument("--client-source", default="", help="the local address the probes come from")
+    parser.add_argument("--probes-only", type=int, default=0, metavar="N",
+                        help="send only N keyed probes, one a second, each to be answered within 1 s, and print "
+                             "their report as JSON: another address's side of a flood run elsewhere")
     args = parser.parse_args(argv)
     key = Path(args.key_file).read_text(encoding="utf-8").strip()
     endpoint = Endpoint.from_url(args.url, args.cafile, args.client_source)
     host = urlsplit(args.url).netloc
+    if args.probes_only:
+        report = probe(endpoint, key, args.probes_only, host=host)
+        print(json.dumps(report))
+        return 0 if report["ok"] else 1
     results = run_suite(endpoint, key, host, args.max_body, args.slow_seconds)
     print(table(results))
     ok = all(r.ok for r in results)

@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import urlsplit
 
-from ..cluster import error_message
+# stdlib only, with http_wire (the gate's): python3 -m runs it on a host too, as the edge's e2e test does
+from ..core.http_wire import error_message
 
 # About 120 tokens: long enough for prompt tok/s to mean something, short enough for small contexts.
 DEFAULT_PROMPT = " ".join(["The quick brown fox jumps over the lazy dog near the quiet river bank."] * 8)

@@ -211,6 +211,19 @@ def error_object(code: int, message: str) -> dict[str, Any]:
                       "message": "llamafleet: %s" % message}}
 
 
+def error_message(body: bytes | str) -> str:
+    """The message of an error body in llama-server's shape (``{"error": {"message": ...}}``), else the body's start:
+    what a client shows of an error answer (the library's Endpoint, the benchmark's streamed completions)."""
+    text = body.decode(errors="replace") if isinstance(body, bytes) else body
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text.strip()[:300]
+    if isinstance(data, dict) and isinstance(data.get("error"), dict) and data["error"].get("message"):
+        return str(data["error"]["message"])
+    return text.strip()[:300]
+
+
 def error_response(code: int, message: str, retry_after: int | None = None, body: bool = True) -> bytes:
     """A complete HTTP/1.1 error answer with a JSON body (none for HEAD) and ``Connection: close``."""
     payload = json.dumps(error_object(code, message)).encode("utf-8")

@@ -172,7 +172,8 @@ def test_hostile_suite(edge) -> None:
     Gate.seen.clear()
     Gate.refused.clear()
     endpoint = hostile.Endpoint("127.0.0.1", edge["port"])
-    results = hostile.run_suite(endpoint, KEY, "127.0.0.1:%d" % edge["port"], MAX_BODY, HEAD_TIMEOUT + 2)
+    # four at a time, as the lab's e2e test sends them (the slow senders wait together)
+    results = hostile.run_suite(endpoint, KEY, "127.0.0.1:%d" % edge["port"], MAX_BODY, HEAD_TIMEOUT + 2, workers=4)
     print(hostile.table(results))
     assert len(results) >= 100
     assert [r.case.name for r in results if not r.ok] == []
@@ -224,6 +225,19 @@ def test_flood_from_one_address_leaves_another_served(edge) -> None:
     print("flood:", report)
     assert report["ok"], report
     assert keyed_get(edge["port"], source="127.0.0.2") in (200, 429)
+
+
+def test_probes_only_prints_the_other_addresses_report(edge, tmp_path: Path, capsys) -> None:
+    """The lab's flood test runs the probes on another host with --probes-only: their report as JSON, exit 0 when
+    each keyed probe was served within 1 s, 1 with a wrong key."""
+    (tmp_path / "key").write_text(KEY + "\n", encoding="utf-8")
+    url = "http://127.0.0.1:%d" % edge["port"]
+    assert hostile.main([url, "--key-file", str(tmp_path / "key"), "--probes-only", "2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["probes"], report["served_in_time"], report["statuses"], report["ok"]) == (2, 2, [200, 200], True)
+    (tmp_path / "key").write_text("not-the-key-0123456789\n", encoding="utf-8")
+    assert hostile.main([url, "--key-file", str(tmp_path / "key"), "--probes-only", "1"]) == 1
+    assert json.loads(capsys.readouterr().out)["statuses"] == [401]
 
 
 def test_request_rate_per_address(edge) -> None:
