@@ -34,13 +34,13 @@ with open(receive_stream.__file__, encoding="utf-8") as _source:
 BLOCK = 8 << 20
 
 
-def answers(text: str) -> list[dict[str, Any]]:
-    """The receiver's answers in its output (AnsibleActionFail with its error)."""
+def answers(text: str, host: str) -> list[dict[str, Any]]:
+    """The receiver's answers in its output (AnsibleActionFail with its error, naming ``host``)."""
     found = [json.loads(line[len(receive_stream.TAG):]) for line in text.splitlines()
              if line.startswith(receive_stream.TAG)]
     for answer in found:
         if "error" in answer:
-            raise AnsibleActionFail(answer["error"])
+            raise AnsibleActionFail("%s: %s" % (host, answer["error"]))
     return found
 
 
@@ -85,26 +85,34 @@ class ActionModule(ControllerSend):
         proc = open_stream(self, shlex.join(command + ["stream"]))
         if proc is None:
             return self._ranges(host, src, size, command)
+        progress, out = None, ""
         try:
             line = proc.stdout.readline().decode("utf-8", "replace")
             while line and not line.startswith(receive_stream.TAG):
                 line = proc.stdout.readline().decode("utf-8", "replace")
-            progress = self._progress(host, src, size, answers(line))
-            with open(src, "rb") as handle:
-                handle.seek(progress.first)
-                for block in iter(lambda: handle.read(BLOCK), b""):
-                    proc.stdin.write(block)
-                    progress.add(len(block))
-            proc.stdin.close()
-            rest = answers(proc.stdout.read().decode("utf-8", "replace"))
-        except (BrokenPipeError, ValueError, IndexError):
-            rest = []
+            if line:
+                progress = self._progress(host, src, size, answers(line, host))
+                with open(src, "rb") as handle:
+                    handle.seek(progress.first)
+                    for block in iter(lambda: handle.read(BLOCK), b""):
+                        proc.stdin.write(block)
+                        progress.add(len(block))
+        except BrokenPipeError:  # the receiver stopped: its answer says why
+            pass
         finally:
+            if progress is None:
+                proc.kill()
+            try:
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
+            out = proc.stdout.read().decode("utf-8", "replace")
             proc.wait()
             proc.stderr_file.seek(0)
             stderr = proc.stderr_file.read().decode("utf-8", "replace").strip()
             proc.stderr_file.close()
-        if proc.returncode != 0 or not rest:
+        rest = answers(out, host)
+        if proc.returncode != 0 or not rest or progress is None:
             raise AnsibleActionFail("%s: the receiver of %s stopped (rc %s): %s"
                                     % (host, command[3], proc.returncode, stderr[-2000:]))
         progress.add(0, force=True)
@@ -114,14 +122,14 @@ class ActionModule(ControllerSend):
         """The same over a connection that cannot stream: one command for each piece (in memory)."""
         piece = int(command[-1])
         probe = self._low_level_execute_command(shlex.join(command + ["probe"]))
-        progress = self._progress(host, src, size, answers(probe["stdout"]))
+        progress = self._progress(host, src, size, answers(probe["stdout"], host))
         offset, last = progress.first, {"offset": progress.first}
         with open(src, "rb") as handle:
             while offset < size:
                 handle.seek(offset)
                 block = handle.read(min(piece, size - offset))
                 done = self._low_level_execute_command(shlex.join(command + ["at:%d" % offset]), in_data=block)
-                found = answers(done["stdout"])
+                found = answers(done["stdout"], host)
                 if done["rc"] != 0 or len(found) < 2:
                     raise AnsibleActionFail("%s: the receiver of %s stopped (rc %s): %s"
                                             % (host, command[3], done["rc"], done["stderr"][-2000:]))

@@ -172,11 +172,11 @@ def main(argv: list[str]) -> int:
     try:
         receive(part, size, sha256, piece, mode, sys.stdin.buffer, sys.stdout)
     except (OSError, ValueError) as exc:
-        _answer(sys.stdout, error="%s: %s" % (getattr(exc, "filename", None) or part, getattr(exc, "strerror", None)
-                                                or exc))
+        where = getattr(exc, "filename", None) or part
+        _answer(sys.stdout, error="%s: %s" % (where, getattr(exc, "strerror", None) or exc))
         return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    raise SystemExit(main(sys.argv))

@@ -22,12 +22,12 @@ description:
     and checked against the sha256 each had when it was written, and from the first that differs on, the file
     is sent again.
   - The disk space is checked before anything is sent.
-  - The module itself (the host side) takes O(action) and is not meant to be called directly.
 author: llamafleet maintainers (@llamafleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - llamafleet.cluster.attributes
   - llamafleet.cluster.attributes.files
+  - llamafleet.cluster.controller_send
 options:
   src:
     description: The verified file on the controller (the action plugin's).
@@ -57,10 +57,6 @@ options:
     description: Its mode.
     type: raw
     default: "0644"
-  free_margin_mib:
-    description: Free space to leave on the destination's file system.
-    type: int
-    default: 1024
   label:
     description: The variable the disk-space error names.
     type: str

@@ -22,12 +22,12 @@ description:
     are kept, a half-sent one is sent again).
   - O(state=absent_others) removes the cache files that no share kept needs (after the new plan serves).
     O(state=checked) fails, naming the tensors, when the cache lacks any of the share.
-  - The module itself (the worker side) takes O(action) and is not meant to be called directly.
 author: llamafleet maintainers (@llamafleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - llamafleet.cluster.attributes
   - llamafleet.cluster.attributes.files
+  - llamafleet.cluster.controller_send
 options:
   state:
     description:
@@ -83,10 +83,6 @@ options:
   worker_hasher:
     description: The C(llamafleet-fnv1a64) helper on the worker; when given, each received file's cache name is checked.
     type: path
-  free_margin_mib:
-    description: Free space to leave on the cache's file system.
-    type: int
-    default: 1024
   label:
     description: The variable messages name for lowering the share (the disk-space error).
     type: str

@@ -127,6 +127,15 @@ def check_space(host: str, what: str, missing: int, free: int, folder: str, marg
                                 % (host, what, mib(missing), folder, margin_mib, mib(free), hint))
 
 
+def ssh_uncompressed(argv: list[Any]) -> list[Any]:
+    """An ssh command line without compression and outside the connection's multiplexing master: Ansible's default
+    ``ssh_args`` (``-C``) compress, which holds a model's bytes to about 24 MB/s (zlib, one core), and a session
+    through the master inherits the master's compression. ssh takes the first value given for an option, so the
+    ones put first here win over the same options later on the line."""
+    rest = [a for a in argv[1:] if a not in (b"-C", "-C")]
+    return [argv[0], b"-o", b"Compression=no", b"-o", b"ControlPath=none", b"-o", b"ControlMaster=no", *rest]
+
+
 def open_stream(action: Any, command: str) -> subprocess.Popen | None:
     """Start ``command`` on the host (with the task's become) through the connection's own transport, its stdin,
     stdout and stderr (a temporary file, as ``stderr_file``) on the controller, to stream bytes to it; None for a
@@ -144,10 +153,10 @@ def open_stream(action: Any, command: str) -> subprocess.Popen | None:
     shell = action._play_context.executable or "/bin/sh"
     if transport == "local":
         argv = [shell, "-c", command]
-    else:
-        argv = conn._build_command(conn.get_option("ssh_executable"), "ssh",
-                                   conn.get_option("host") or action._play_context.remote_addr,
-                                   "%s -c %s" % (shell, shlex.quote(command)))
+    else:  # a connection of its own, uncompressed (see ssh_uncompressed)
+        argv = ssh_uncompressed(conn._build_command(conn.get_option("ssh_executable"), "ssh",
+                                                    conn.get_option("host") or action._play_context.remote_addr,
+                                                    "%s -c %s" % (shell, shlex.quote(command))))
     errors = tempfile.TemporaryFile()
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors)
     proc.stderr_file = errors  # type: ignore[attr-defined]

@@ -74,7 +74,7 @@ def test_resume_a_corrupt_part_and_fail_closed(tmp_path: Path) -> None:
     part.write_bytes(DATA[:100] + b"?" + DATA[101:2 * MIB] + bytes(len(DATA) - 2 * MIB))
     Path(str(part) + ".json").write_text(json.dumps({"sha256": SHA, "size": len(DATA), "piece": MIB,
                                                      "done": [0, 1]}))
-    refused, _ = _play(tmp_path, ok=False)
+    refused = _play(tmp_path, ok=False)[0]
     assert "the pinned one is %s; it was removed" % SHA in refused.stdout
     assert not dest.exists() and not part.exists()
     _proc, got = _play(tmp_path)

@@ -54,7 +54,7 @@ def test_stream_resume_and_publish(tmp_path: Path) -> None:
     assert (state["verified"], state["offset"], state["missing_bytes"]) == (False, 0, len(DATA))
     assert state["python"] == sys.executable
     # a run that stops after 7000 bytes: the two whole pieces are kept, the third is sent again
-    last, _ = _receive(part, data=DATA[:7000])
+    last = _receive(part, data=DATA[:7000])[0]
     assert last == {"offset": 7000, "complete": False}
     assert cs.receive_state(str(target), len(DATA), SHA, PIECE)["offset"] == 6000
     with pytest.raises(CacheError, match="not whole"):
@@ -85,8 +85,8 @@ def test_an_older_runs_part_resumes_and_the_whole_check_fails_closed(tmp_path: P
     bad[100] ^= 0xFF
     part.write_bytes(bytes(bad[:6000]) + bytes(len(DATA) - 6000))
     # the record the piece-by-piece model_receive left: pieces 0, 1 and 3 (a gap at 2)
-    Path(str(part) + ".json").write_text(json.dumps({"sha256": SHA, "size": len(DATA), "piece": PIECE,
-                                                      "done": [0, 1, 3]}))
+    older = {"sha256": SHA, "size": len(DATA), "piece": PIECE, "done": [0, 1, 3]}
+    Path(str(part) + ".json").write_text(json.dumps(older))
     assert cs.receive_state(str(target), len(DATA), SHA, PIECE)["offset"] == 6000
     last, answers = _receive(part)
     # its pieces have no recorded digest: kept, and the whole file's sha256 refuses the result
@@ -116,11 +116,11 @@ def test_ranges_for_a_connection_that_cannot_stream(tmp_path: Path) -> None:
     _receive(part, data=DATA[:3500])
     probe, answers = _receive(part, mode="probe")
     assert answers == [{"offset": 3000, "repaired": False}] and probe == {"offset": 3000, "complete": False}
-    last, _ = _receive(part, mode="at:3000", data=DATA[:6000], start=3000)
+    last = _receive(part, mode="at:3000", data=DATA[:6000], start=3000)[0]
     assert last == {"offset": 6000, "complete": False}
     with pytest.raises(ValueError, match="start again"):
         _receive(part, mode="at:3000", start=3000)
-    last, _ = _receive(part, mode="at:6000", start=6000)
+    last = _receive(part, mode="at:6000", start=6000)[0]
     assert last["ok"] and part.read_bytes() == DATA
 
 
