@@ -35,6 +35,7 @@ ORDER = [
     "test_lowest_ansible.py",    # deploy on the lowest ansible-core changes nothing
     "test_monitoring.py",        # adds Prometheus beside the cluster
     "test_serving_tls.py",
+    "test_edge_lab.py",          # HAProxy in front of the gate: hostile requests, a flood, its cost; then taken off
     "test_upgrade.py",           # compiles the other llama.cpp release (cached after)
     "test_weights_local.py",     # reads, and repairs one cache file
     "test_bench.py",

@@ -1,0 +1,239 @@
+"""The edge (roles/edge, Debian's HAProxy) deployed on the lab in front of the gate, attacked, measured, taken off.
+
+Runs after test_serving_tls.py on the converged plain-HTTP lab. One deploy with ``llamafleet_edge=haproxy`` (lab1
+installs Debian's haproxy through the lab's package proxy; the gate moves to 127.0.0.1:llama_server_gate_port),
+then, against the deployed endpoint:
+
+- llamafleet.bench.hostile's cases from the controller: each as expected (4xx, or a close for a silent
+  connection; never a reset), only the suite's control cases reach the gate (the gate's own request counter), and a
+  keyed completion is answered afterwards;
+- the controller holds 1,000 trickling connections while lab3 sends keyed probes (``hostile --probes-only``):
+  each answered within 1 s;
+- keyless requests to a path of their own get 401 and reach nothing behind the edge: the gate's request counter does
+  not move for them (and moves for the same path with the key), and the edge's access log in lab1's journal shows
+  each of them refused there and the keyed one sent on;
+- the gate's metrics need the key at the edge;
+- what the edge costs: streamed completions (llamafleet.bench.measure, run on lab1) to the gate on loopback and
+  through the edge, time to first token and tok/s printed.
+
+Afterwards the fixture deploys without the edge and checks the lab serves as it found it: the gate on the clients'
+port in plain HTTP, HAProxy stopped.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shlex
+import statistics
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+import pytest
+
+from llamafleet.bench import hostile
+from llamafleet.cluster import Endpoint
+from llamafleet.core import constants
+from tests.helpers import REPO, invocation, playbook
+
+EDGE = ["-e", "llamafleet_edge=haproxy"]
+# The library files the lab hosts run with their python3 (stdlib only), under their library names.
+SHIPPED = {"llamafleet/bench/hostile.py": REPO / "llamafleet" / "bench" / "hostile.py",
+           "llamafleet/bench/measure.py": REPO / "llamafleet" / "bench" / "measure.py",
+           "llamafleet/core/http_wire.py": REPO / "plugins" / "module_utils" / "http_wire.py"}
+REMOTE = "/root/llamafleet-edge-e2e"
+# The edge's head timeout is 10 s (edge_timeout_head): the suite's slow senders trickle past it.
+SLOW_SECONDS = 12.0
+PROBE_HOST = "lab3"
+
+
+def listeners(fleet, port: int) -> list[str]:
+    """The programs that listen on ``port`` on the orchestrator, as ``PROGRAM ADDRESS:PORT``."""
+    out = fleet.run_one(f"ss -Hltnp 'sport = :{port}'", fleet.orchestrator)
+    found = []
+    for line in out.splitlines():
+        fields = line.split()
+        program = re.search(r'users:\(\("([^"]+)"', line)
+        found.append(f"{program.group(1) if program else '?'} {fields[3]}")
+    return sorted(set(found))
+
+
+def gate_config(fleet) -> dict:
+    return json.loads(fleet.run_one(f"cat {constants.GATE_CONFIG_PATH}", fleet.orchestrator))
+
+
+def ship(fleet, hosts) -> None:
+    """The SHIPPED files into REMOTE on ``hosts`` (a namespace package ``llamafleet``: python3 -m finds them), one
+    command per file (a command line is one argument of at most 128 KiB)."""
+    commands = [f"install -d -m 0700 {REMOTE} {REMOTE}/llamafleet/bench {REMOTE}/llamafleet/core"]
+    commands += [f"echo {base64.b64encode(src.read_bytes()).decode()} | base64 -d > {REMOTE}/{dest}"
+                 for dest, src in SHIPPED.items()]
+    for command in commands:
+        failed = fleet.run(command, hosts).failed
+        assert not failed, {name: res.reason for name, res in failed.items()}
+
+
+def gate_requests(endpoint: Endpoint) -> int:
+    """The gate's count of client requests it read (llamafleet_gate_requests_total; its metrics are not counted)."""
+    req = urllib.request.Request(endpoint.url + "/llamafleet/metrics",
+                                 headers={"Authorization": f"Bearer {endpoint.api_key}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - the lab's endpoint
+        text = resp.read().decode()
+    found = re.search(r"^llamafleet_gate_requests_total (\S+)$", text, re.M)
+    assert found, text[:2000]
+    return int(float(found.group(1)))
+
+
+def status_of(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - the lab's endpoint
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def assert_answers(endpoint: Endpoint) -> None:
+    done = endpoint.complete("The capital of France is", n_predict=8)
+    assert done.get("content", "").strip(), done
+
+
+@pytest.fixture(scope="module")
+def edge(deployed, fleet):
+    """The lab deployed with the edge (one deploy.yml run); afterwards deployed without it and checked as found."""
+    orch = fleet.orchestrator
+    plain = Endpoint.of(fleet)
+    port = plain.port
+    found = listeners(fleet, port)
+    assert [line.split()[0] for line in found] == ["python3"], found  # the gate serves the clients' port
+    llama_server = invocation(fleet, orch.name, constants.LLAMA_SERVER_UNIT)
+    started = time.monotonic()
+    run = playbook("deploy.yml", *EDGE, timeout=1200)
+    print(f"deploy with the edge: {time.monotonic() - started:.0f} s")
+    try:
+        assert run.rc == 0, run.output[-8000:]
+        # only the gate moved: llama-server kept running
+        assert invocation(fleet, orch.name, constants.LLAMA_SERVER_UNIT) == llama_server
+        ship(fleet, [orch, fleet.hosts[PROBE_HOST]])
+        yield Endpoint.of(fleet)
+    finally:
+        fleet.run(f"rm -rf {REMOTE}", [orch, fleet.hosts[PROBE_HOST]])
+        started = time.monotonic()
+        restore = playbook("deploy.yml", timeout=1200)
+        print(f"deploy without the edge: {time.monotonic() - started:.0f} s")
+    assert restore.rc == 0, restore.output[-8000:]
+    assert invocation(fleet, orch.name, constants.LLAMA_SERVER_UNIT) == llama_server
+    # as found: the gate on the clients' port in plain HTTP, HAProxy stopped, a keyed completion answered
+    assert listeners(fleet, port) == found
+    config = gate_config(fleet)
+    assert (config["listen_host"], config["listen_port"], config.get("tls_cert", "")) == (plain.address, port, "")
+    assert fleet.run_one("systemctl is-active haproxy.service || true", orch).strip() != "active"
+    Endpoint.of(fleet).wait_healthy(timeout=120)
+    assert_answers(Endpoint.of(fleet))
+
+
+def test_the_edge_holds_the_clients_port_and_the_gate_is_behind_it(edge, fleet) -> None:
+    config = gate_config(fleet)
+    assert config["listen_host"] == "127.0.0.1" and config["listen_port"] != edge.port, config
+    assert [line.split()[0] for line in listeners(fleet, edge.port)] == ["haproxy"]
+    assert listeners(fleet, config["listen_port"]) == [f"python3 127.0.0.1:{config['listen_port']}"]
+    orch = fleet.orchestrator
+    # Debian's unit with the role's drop-in; the worker runs as haproxy, chrooted
+    assert "llamafleet.conf" in fleet.run_one("systemctl show -p DropInPaths --value haproxy.service", orch)
+    assert "haproxy" in fleet.run_one("ps -o user= -C haproxy", orch).split()
+    assert status_of(edge.url + "/health")[0] == 200
+    assert_answers(edge)
+
+
+def test_the_hostile_suite_gets_its_answers_and_nothing_else_reaches_the_gate(edge) -> None:
+    endpoint = hostile.Endpoint.from_url(edge.url)
+    before = gate_requests(edge)
+    results = hostile.run_suite(endpoint, edge.api_key, f"{edge.address}:{edge.port}", slow_seconds=SLOW_SECONDS,
+                                workers=8)
+    reached = gate_requests(edge) - before
+    print(hostile.table(results))
+    assert len(results) >= 100
+    assert [r.case.name for r in results if not r.ok] == []
+    assert not [r.case.name for r in results if r.outcome == "reset"]
+    # the control cases, and only they, were sent on
+    assert reached == len([r for r in results if r.case.backend]), reached
+    assert_answers(edge)
+
+
+def test_a_flood_from_one_address_leaves_another_served_within_a_second(edge, fleet) -> None:
+    probe_host = fleet.hosts[PROBE_HOST]
+    fleet.run_one(f"umask 077 && printf '%s\\n' {shlex.quote(edge.api_key)} > {REMOTE}/key", probe_host)
+    command = (f"cd {REMOTE} && PYTHONPATH={REMOTE} python3 -m llamafleet.bench.hostile {shlex.quote(edge.url)} "
+               f"--key-file {REMOTE}/key --probes-only 10")
+    with hostile.Flood(hostile.Endpoint.from_url(edge.url), 1000, f"{edge.address}:{edge.port}") as attack:
+        time.sleep(1.0)
+        held_at_start = attack.held
+        result = fleet.run(command, [probe_host], timeout=60)[PROBE_HOST]
+        counts = dict(attack.counts)
+    print(f"flood from the controller: {held_at_start} connections held at the start, {counts}; "
+          f"{PROBE_HOST}'s probes: {result.stdout.strip()}")
+    report = json.loads(result.stdout)
+    assert result.ok and report["ok"], (result.stdout, result.stderr)
+    assert report["served_in_time"] == 10 and report["slowest_s"] <= 1.0, report
+    # the edge shed the flood: connections past its per-address cap refused or dropped
+    assert counts["refused"] + counts["dropped"] > 0, counts
+    assert_answers(edge)
+
+
+def test_no_keyless_request_reaches_the_gate(edge, fleet) -> None:
+    marker = f"/v1/llamafleet-edge-e2e-{uuid.uuid4().hex}"
+    wrong = [{}, {"Authorization": "Bearer not-the-key-0123456789"}, {"Authorization": "Basic " + edge.api_key},
+             {"Authorization": edge.api_key}, {"Authorization": "Bearer " + edge.api_key + "x"},
+             {"X-Api-Key": edge.api_key}]
+    since = fleet.run_one("date '+%Y-%m-%d %H:%M:%S'", fleet.orchestrator).strip()
+    before = gate_requests(edge)
+    statuses = [status_of(edge.url + marker, headers)[0] for headers in wrong * 3]
+    after = gate_requests(edge)
+    assert statuses == [401] * len(wrong) * 3
+    assert after == before, f"{after - before} keyless requests reached the gate"
+    # the same path with the key goes through (llama-server has no such path): the count does move
+    assert status_of(edge.url + marker, {"Authorization": f"Bearer {edge.api_key}"})[0] == 404
+    assert gate_requests(edge) == after + 1
+    # the edge's access log (lab1's journal): each keyless one refused at the edge, the keyed one sent to the gate
+    lines: list[str] = []
+    for _attempt in range(20):
+        lines = [line for line in fleet.run_one(
+            f"journalctl -u haproxy.service --since {shlex.quote(since)} --no-pager -o cat",
+            fleet.orchestrator).splitlines() if marker in line]
+        if len(lines) == len(statuses) + 1:
+            break
+        time.sleep(0.5)
+    assert len(lines) == len(statuses) + 1, lines
+    refused = [line for line in lines if "<NOSRV>" in line]
+    assert len(refused) == len(statuses) and all(" 401 " in line for line in refused), lines
+    assert [line for line in lines if "<NOSRV>" not in line and " 404 " in line and "/gate " in line], lines
+    assert edge.api_key not in "\n".join(lines)
+
+
+def test_metrics_need_the_key_at_the_edge(edge) -> None:
+    for path in ("/llamafleet/metrics", "/metrics"):
+        for headers in ({}, {"Authorization": "Bearer not-the-key-0123456789"}):
+            status, body = status_of(edge.url + path, headers)
+            assert status == 401 and b"invalid or missing API key" in body, (path, headers, status, body[:300])
+    status, body = status_of(edge.url + "/llamafleet/metrics", {"Authorization": f"Bearer {edge.api_key}"})
+    assert status == 200 and b"llamafleet_gate_state" in body
+
+
+def test_what_the_edge_costs(edge, fleet) -> None:
+    """Streamed completions from lab1 itself, to the gate on loopback and through the edge, one after another."""
+    config = gate_config(fleet)
+    figures = {}
+    for name, url in (("gate", f"http://127.0.0.1:{config['listen_port']}"), ("edge", edge.url)):
+        out = fleet.run_one(
+            f"cd {REMOTE} && PYTHONPATH={REMOTE} python3 -m llamafleet.bench.measure --url {shlex.quote(url)} "
+            f"--api-key-file {constants.API_KEY_PATH} --repetitions 3 --n-predict 32", fleet.orchestrator, timeout=300)
+        runs = json.loads(out)["repetitions"]
+        assert all(r["ok"] for r in runs), runs
+        figures[name] = (statistics.median(r["ttft_s"] for r in runs), statistics.median(r["tok_s"] for r in runs))
+    print("what the edge costs (lab1 to itself, 3 streamed completions of 32 tokens each, medians): "
+          + ", ".join(f"{name} {ttft * 1000:.1f} ms to the first token, {tok_s:.1f} tok/s"
+                      for name, (ttft, tok_s) in figures.items()))
+    assert all(ttft > 0 and tok_s > 0 for ttft, tok_s in figures.values()), figures
