@@ -23,9 +23,12 @@ from ansible_collections.llamafleet.cluster.plugins.plugin_utils.share_transfer 
     ControllerSend,
     Progress,
     check_space,
+    cut,
     display,
     module_result,
     open_stream,
+    put,
+    remote_dir,
 )
 
 MODULE = "llamafleet.cluster.model_receive"
@@ -119,23 +122,29 @@ class ActionModule(ControllerSend):
         return progress, rest[-1]
 
     def _ranges(self, host: str, src: str, size: int, command: list[str]) -> tuple[Progress, dict[str, Any]]:
-        """The same over a connection that cannot stream: one command for each piece (in memory)."""
+        """The same over a connection that cannot stream (paramiko, a password to type): each piece put on the host
+        as a file (the connection's own transfer), then fed to the receiver."""
         piece = int(command[-1])
         probe = self._low_level_execute_command(shlex.join(command + ["probe"]))
         progress = self._progress(host, src, size, answers(probe["stdout"], host))
         offset, last = progress.first, {"offset": progress.first}
-        with open(src, "rb") as handle:
-            while offset < size:
-                handle.seek(offset)
-                block = handle.read(min(piece, size - offset))
-                done = self._low_level_execute_command(shlex.join(command + ["at:%d" % offset]), in_data=block)
-                found = answers(done["stdout"], host)
-                if done["rc"] != 0 or len(found) < 2:
-                    raise AnsibleActionFail("%s: the receiver of %s stopped (rc %s): %s"
-                                            % (host, command[3], done["rc"], done["stderr"][-2000:]))
-                last = found[-1]
-                offset += len(block)
-                progress.add(len(block), force=offset == size)
+        folder = remote_dir(self, os.path.dirname(command[3]))
+        while offset < size:
+            length = min(piece, size - offset)
+            local = cut(src, offset, length)[0]
+            try:
+                remote = shlex.quote(put(self, local, folder, ".%s.at-%d" % (os.path.basename(command[3]), offset)))
+            finally:
+                os.unlink(local)
+            done = self._low_level_execute_command("%s < %s; rc=$?; rm -f %s; exit $rc" % (
+                shlex.join(command + ["at:%d" % offset]), remote, remote))
+            found = answers(done["stdout"], host)
+            if done["rc"] != 0 or len(found) < 2:
+                raise AnsibleActionFail("%s: the receiver of %s stopped (rc %s): %s"
+                                        % (host, command[3], done["rc"], done["stderr"][-2000:]))
+            last = found[-1]
+            offset += length
+            progress.add(length, force=offset == size)
         return progress, last
 
     @staticmethod

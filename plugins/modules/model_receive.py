@@ -12,9 +12,10 @@ short_description: Copy a verified model file from the controller's cache to a h
 version_added: "0.3.0"
 description:
   - The action plugin of the same name (on the controller) asks the host whether O(dest) holds the file with its
-    pinned O(sha256); if not, it streams O(src) through the connection (ssh or local; other connections and a
-    password to type get one command per piece) straight into the host's C(.part) file, from the offset that file
-    is good to, hashing it as it is written, and shows progress (bytes done and total, MB/s) on the controller.
+    pinned O(sha256); if not, it streams O(src) through the connection (ssh, in a session of its own without
+    compression, or local; other connections and a password to type get each piece put as a file and fed in)
+    straight into the host's C(.part) file, from the offset that file is good to, hashing it as it is written, and
+    shows progress (bytes done and total, MB/s) on the controller.
     The file is renamed into place only once all of it has the pinned sha256, with the same marker
     M(llamafleet.cluster.model_fetch) leaves, so either module finds it verified later; a whole file with another
     sha256 is removed and the task fails.
