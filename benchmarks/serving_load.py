@@ -12,8 +12,8 @@ latency and errors. The deployed default is restored at the end. `--soak` runs o
     python -m benchmarks.serving_load [--hosts 3] [--clients 16] [--seconds 60] [--slots 1,0] [--json FILE]
     python -m benchmarks.serving_load --role-defaults --variant base --variant "threads=rpc_server_threads=2" --ceiling
 
-`--role-defaults` deploys with the llama_server role's own defaults for the context, slots and log level (the lab's
-inventory sets a smaller context and -lv 5 for its tests); each `--variant LABEL[=VAR=VALUE ...]` is one deploy with
+`--role-defaults` deploys with the roles' own defaults for the context, slots, log level and rpc-server threads (the
+lab's inventory sets a smaller context, -lv 5 and one thread per worker for its tests); each `--variant LABEL[=VAR=VALUE ...]` is one deploy with
 those extra variables; `--ceiling` also measures benchmarks.serving_ceiling in the same run and prints each
 variant's 16/1 ratio against the ceiling's (issue 24's goal: at least 0.9).
     python -m benchmarks.serving_load --hosts 5 --soak 600 --clients 16 --json soak.json
@@ -70,10 +70,13 @@ def role_defaults() -> list[str]:
     """``-e`` arguments that put back the llama_server role's defaults the lab inventory overrides."""
     import yaml
 
-    defaults = yaml.safe_load((ROOT / "roles" / "llama_server" / "defaults" / "main.yml").read_text())
     extra = []
-    for name in ("llama_server_ctx_size", "llama_server_parallel", "llama_server_log_verbosity"):
-        extra += ["-e", f"{name}={defaults[name]}"]
+    for role, names in (("llama_server", ("llama_server_ctx_size", "llama_server_parallel",
+                                          "llama_server_log_verbosity")),
+                        ("rpc_server", ("rpc_server_threads",))):
+        defaults = yaml.safe_load((ROOT / "roles" / role / "defaults" / "main.yml").read_text())
+        for name in names:
+            extra += ["-e", f"{name}={defaults[name]}"]
     return extra
 
 

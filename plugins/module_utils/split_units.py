@@ -49,14 +49,15 @@ KV_PAD = 256  # llama_context pads n_ctx (and n_ctx_seq) to a multiple of 256
 # sizes them), and the compute buffer is reserved for one ubatch (n_ubatch tokens), not per
 # slot; so memory does not limit the slots, the context each request needs does: below
 # 512 tokens of context per slot a prompt and its answer would often not fit in the cache
-# alongside the others. Beyond 8 parallel sequences continuous batching on small fleets
-# (a few devices joined over RPC, where each step pays a round trip per device) stops
-# paying: the step time grows with the batch and the clients each get less.
+# alongside the others. Up to 16 slots batching pays even on CPU workers joined over RPC:
+# on the 3-host lab (gemma, -c 4096, 16 clients of 64-token streams, one run) 8 automatic
+# slots gave 1.63x the single client's tok/s and 16 slots 2.10x, against 2.44x for one
+# local llama-server with 16 slots on the same cores (benchmarks.serving_load --ceiling).
 # Measured with llama-server 0c1e570, gemma-3-270m, -c 4096 on the CPU: 1 slot: KV 12 + 15 MiB
 # (dense + SWA layers), compute 22.8 MiB, output 1 MiB; 8 unified slots: KV 12 + 60 MiB,
 # compute 25.8 MiB, output 8 MiB (n_vocab x 4 bytes per slot, in the orchestrator's RAM).
 MIN_SLOT_CTX = 512
-MAX_AUTO_SLOTS = 8
+MAX_AUTO_SLOTS = 16
 # Without a unified cache each slot owns ctx / np tokens; llama.cpp pads a smaller share up
 # to 256 cells per slot (so the cache outgrows -c), and such a slot holds almost no prompt.
 MIN_SPLIT_SLOT_CTX = KV_PAD

@@ -58,7 +58,7 @@ options:
   n_parallel:
     description:
       - Server slots (C(-np)), requests served at the same time.
-      - V(0) chooses them from the context, one slot per 512 tokens, at least 1 and at most 8 (C(MIN_SLOT_CTX) and
+      - V(0) chooses them from the context, one slot per 512 tokens, at least 1 and at most 16 (C(MIN_SLOT_CTX) and
         C(MAX_AUTO_SLOTS) in C(module_utils/split_units.py) give the reasoning); the plan records the count.
       - Without O(kv_unified) each slot gets O(ctx_size) divided by the slots (rounded up to 256 tokens), and a share
         under 256 tokens is refused.

@@ -231,7 +231,8 @@ def test_auto_slots_one_per_min_slot_ctx_up_to_the_cap(ctx: int, slots: int) -> 
     (4000, 1, True, 0, (1, False, 4096)),         # -c is padded to 256
     (1024, 4, False, 0, (4, False, 256)),         # the smallest share allowed
     (2047, 8, False, 0, (8, False, 256)),         # llama.cpp divides the padded context: 2048 / 8
-    (65536, 0, True, 32768, (8, True, 32768)),    # llama-server caps a slot at the training context
+    (65536, 0, True, 32768, (16, True, 32768)),   # llama-server caps a slot at the training context
+    (8192, 0, True, 0, (16, True, 8192)),         # the role's default context: 16 slots
     (65536, 2, False, 16384, (2, False, 16384)),
 ])
 def test_resolve_slots(ctx: int, n_parallel: int, unified: bool, n_ctx_train: int, expected: tuple) -> None:
@@ -274,7 +275,7 @@ def test_plan_records_the_resolved_slots() -> None:
 
 
 @pytest.mark.parametrize("ctx, n_parallel, unified, line", [
-    (65536, 0, True, "8 slots (auto: 65536 ctx / 512, at most 8), unified KV cache of 65536 tokens shared by all "
+    (65536, 0, True, "16 slots (auto: 65536 ctx / 512, at most 16), unified KV cache of 65536 tokens shared by all "
                      "slots, up to 32768 tokens per request (the model's training context)"),
     (4096, 3, False, "3 slots, KV cache split per slot: 3 x 1536 tokens, up to 1536 tokens per request"),
     (300, 0, True, "1 slot (auto: 300 ctx / 512), KV cache of 512 tokens, up to 512 tokens per request"),
