@@ -173,11 +173,12 @@ def main() -> int:
     rates = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(lab\d+): .*?([0-9.]+) MB/s", run.output, re.MULTILINE)}
     hosts = {}
     for host in fleet.hosts.values():
-        du = fleet.run_one(f"du -sb {CACHE} {MODELS} 2>/dev/null | awk '{{s+=$1}} END {{print s}}'", host,
+        du = fleet.run_one(f"du -sbc {CACHE} {MODELS} 2>/dev/null | tail -1 | cut -f1", host,
                            what="disk use")
-        hosts[host.name] = {"lan_in_bytes": veth_tx(host.name) - tx_before[host.name], "disk_bytes": int(du or 0),
+        hosts[host.name] = {"lan_in_bytes": veth_tx(host.name) - tx_before[host.name], "disk_bytes": int(float(du or 0)),
                             "planned_weights_bytes": planned.get(host.name, 0), "seed_mb_s": rates.get(host.name)}
     figures["hosts"] = hosts
+    save(args.json, figures)
     seeded_s, seeded_sent = load(fleet, key)
     fleet.run(f"systemctl stop llamafleet-rpc-server; mv {CACHE} {CACHE}.off; mkdir -m 0700 {CACHE}; "
               f"chown llamafleet-rpc: {CACHE}; systemctl start llamafleet-rpc-server", fleet.workers)
@@ -189,10 +190,12 @@ def main() -> int:
     load(fleet, key)
     figures["load"] = {"seeded_s": round(seeded_s, 1), "seeded_sent_bytes": seeded_sent,
                        "unseeded_s": round(unseeded_s, 1), "unseeded_sent_bytes": unseeded_sent}
+    save(args.json, figures)
     cluster = decode_tok_s(endpoint.url, key)
     local = local_tok_s(path)
     figures["decode"] = {"cluster_tok_s": round(cluster, 2), "one_host_tok_s": round(local, 2),
                          "ratio": round(cluster / local, 2)}
+    save(args.json, figures)
     kills = oom_kills()
     prompt = "Tell me a story. " * max(1, (CTX // args.clients - 24) // 5)
     result = sweep(lambda: stream_completion(endpoint.url, prompt, n_predict=24, api_key=key, timeout=900),
@@ -205,11 +208,17 @@ def main() -> int:
                           "rpc_server_peak_rss_mib": peaks, "host_limit_mib": DEFAULT_MEMORY_MIB,
                           "oom_kills_during": {h: oom_kills()[h] - kills.get(h, 0) for h in kills}}
     print(json.dumps(figures, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    save(args.json, figures)
     print("==> deploying gemma again", flush=True)
     restore = playbook("deploy.yml", timeout=3600)
     return 0 if restore.rc == 0 else 1
+
+
+def save(path: Path | None, figures: dict) -> None:
+    """The figures so far, written after each stage so a later failure keeps them (and printed)."""
+    print(json.dumps(figures), flush=True)
+    if path:
+        path.write_text(json.dumps(figures, indent=2) + "\n")
 
 
 if __name__ == "__main__":
