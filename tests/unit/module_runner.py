@@ -3,16 +3,38 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import pytest
 from ansible.module_utils.testing import patch_module_args
+
+try:  # ansible-core 2.19 and later
+    from ansible.module_utils import _internal as module_internal
+except ImportError:  # pragma: no cover - older ansible-core has no controller switch
+    module_internal = None
+
+
+@contextmanager
+def on_a_host() -> Iterator[None]:
+    """A module runs on a host, where ansible-core's module_utils are not the controller's: once a test in this
+    process has imported controller code (a filter plugin, ``ansible.errors``), ansible-core 2.19 sends a module's
+    warnings to the controller's display instead of its result, so the module tests would see none."""
+    if module_internal is None:
+        yield
+        return
+    before = module_internal.is_controller
+    module_internal.is_controller = False
+    try:
+        yield
+    finally:
+        module_internal.is_controller = before
 
 
 def run_main(main: Callable[[], None], args: dict[str, Any],
              capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
     """Call ``main`` with ``args`` as module arguments; returns (exit code, parsed JSON result)."""
-    with patch_module_args(args), pytest.raises(SystemExit) as exited:
+    with on_a_host(), patch_module_args(args), pytest.raises(SystemExit) as exited:
         main()
     return exited.value.code or 0, json.loads(capsys.readouterr().out)
 
