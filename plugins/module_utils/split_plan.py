@@ -441,9 +441,13 @@ def keep_deployed(keep: Mapping[str, Any] | None, key: str, choice: dict[str, An
     it: without this, a deploy that changes nothing could still move a layer from one worker to another, restart
     llama-server and send tensors over the LAN. The fresh split is taken when the request changed (model, context,
     KV type, devices, settings), when the deployed split no longer fits (the reason is in the explanation), or when
-    there is nothing deployed to keep.
+    there is nothing deployed to keep, or when the fresh plan chose another policy (balanced takes fewest_hops when
+    the round trips measured now make fewer workers pay, split_policies.worth_fewer_hops, which has its own margin).
     """
     if not keep or choice["counts"] is None or keep.get("request_key") != key:
+        return choice, cpu_count
+    if keep.get("policy") != choice["policy"]:
+        # the round trips measured now make balanced choose another policy (or back): that is a new plan
         return choice, cpu_count
     kept = _kept_counts(keep, devices, cpu, sizing)
     if kept is None or kept == (list(choice["counts"]), cpu_count):
@@ -458,7 +462,7 @@ def keep_deployed(keep: Mapping[str, Any] | None, key: str, choice: dict[str, An
     except PlanError as exc:
         return dict(choice, reason="%s; the deployed split (units %s) no longer fits: %s" % (
             choice["reason"], counts, exc)), cpu_count
-    policy = str(keep.get("policy") or choice["policy"])
+    policy = choice["policy"]
     fresh = "CPU %d + %s" % (cpu_count, choice["counts"]) if cpu_count else str(choice["counts"])
     costs = sizing["costs"][kept_cpu:]
     return dict(choice, policy=policy, counts=counts, estimates={policy: estimate_ms(devices, counts, costs)},

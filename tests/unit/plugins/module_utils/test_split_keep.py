@@ -85,3 +85,19 @@ def test_a_request_key_leaves_out_what_is_measured() -> None:
     assert plans[0]["keep"]["request_key"] == plans[1]["keep"]["request_key"]
     assert request_key([], None, {"costs": [1, 2], "host_bytes": 0}, "balanced", None, "auto") != request_key(
         [], None, {"costs": [1, 3], "host_bytes": 0}, "balanced", None, "auto")
+
+
+def test_round_trips_that_make_fewer_hops_pay_are_a_new_plan() -> None:
+    # equal workers on a LAN keep the spread; 20 ms to each makes balanced take fewest_hops (bench.yml's auto points)
+    workers = [worker("w2", cpu(8000, reserve_mib=0)), worker("w3", cpu(8000, reserve_mib=0))]
+    small = model(n_layer=16, layer_mib=100, output_mib=100, embd_mib=100)
+    lan = plan_split(workers, {"host": "w1", "devices": []}, small, ctx_size=2048, link_rtt_ms=0.2)
+    far = plan_split(workers, {"host": "w1", "devices": []}, small, ctx_size=2048, link_rtt_ms=20.0)
+    assert (lan["policy"], far["policy"]) == ("balanced", "fewest_hops"), "the fixture must switch policies"
+    assert far["keep"]["request_key"] == lan["keep"]["request_key"]  # round trips are not part of the request
+    switched = plan_split(workers, {"host": "w1", "devices": []}, small, ctx_size=2048, link_rtt_ms=20.0,
+                          keep=lan["keep"])
+    assert (switched["policy"], switched["tensor_split"]) == (far["policy"], far["tensor_split"])
+    back = plan_split(workers, {"host": "w1", "devices": []}, small, ctx_size=2048, link_rtt_ms=0.2,
+                      keep=far["keep"])
+    assert (back["policy"], back["tensor_split"]) == (lan["policy"], lan["tensor_split"])
