@@ -1,35 +1,14 @@
 """plugin_utils/share_transfer.py's ssh command for model_receive's stream, read back by ssh itself (``ssh -G``
-prints the options a command line ends up with, without connecting).
-
-share_transfer imports Ansible's controller side (ActionBase, Display), which in this process would change how the
-modules tested in-process here report their warnings; so it is imported in a child process.
-"""
+prints the options a command line ends up with, without connecting)."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
-import sys
-from pathlib import Path
+
+from ansible_collections.llamafleet.cluster.plugins.plugin_utils.share_transfer import ssh_uncompressed
 
 from tests.unit.needs import needs
-
-REPO = Path(__file__).resolve().parents[4]
-CHILD = """import json, sys
-from ansible_collections.llamafleet.cluster.plugins.plugin_utils.share_transfer import ssh_uncompressed
-argv = [word.encode() for word in json.load(sys.stdin)]
-print(json.dumps([word.decode() if isinstance(word, bytes) else word for word in ssh_uncompressed(argv)]))
-"""
-
-
-def ssh_uncompressed(argv: list) -> list:
-    """share_transfer.ssh_uncompressed(argv), run in a child process (see the module's docstring)."""
-    words = [a.decode() if isinstance(a, bytes) else a for a in argv]
-    done = subprocess.run([sys.executable, "-c", CHILD], input=json.dumps(words), capture_output=True, text=True,
-                          check=True, timeout=60, cwd=REPO, env={"PYTHONPATH": "%s:%s/collections" % (REPO, REPO),
-                                                                 "PATH": "/usr/bin:/bin"})
-    return [word.encode() for word in json.loads(done.stdout)]
 
 
 def _effective(argv: list) -> dict[str, str]:
