@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,9 +72,25 @@ def parse_recap(output: str) -> dict[str, dict[str, int]]:
 
 def playbook(name: str, *args: str, timeout: float = 3600, inventory: Path = INVENTORY) -> PlaybookRun:
     cmd = [str(BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "playbooks" / name), *args]
+    started = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout, check=False)
     out = proc.stdout + proc.stderr
-    return PlaybookRun(proc.returncode, out, parse_recap(proc.stdout))
+    run = PlaybookRun(proc.returncode, out, parse_recap(proc.stdout))
+    _log_run(name, args, time.monotonic() - started, run)
+    return run
+
+
+def _log_run(name: str, args: tuple[str, ...], seconds: float, run: PlaybookRun) -> None:
+    """One line per playbook run in the e2e progress file (LLAMAFLEET_E2E_PROGRESS, when set): where a module's
+    time goes, run by run."""
+    progress = os.environ.get("LLAMAFLEET_E2E_PROGRESS")
+    if not progress:
+        return
+    shown = " ".join(args)
+    shown = shown if len(shown) <= 100 else shown[:97] + "..."
+    with open(progress, "a", encoding="utf-8") as handle:
+        handle.write(f"{time.strftime('%H:%M:%S')} {seconds:7.1f} s playbook rc={run.rc} changed={run.changed} "
+                     f"{name} {shown}\n")
 
 
 def self_signed_pair(host: str, days: int = 1) -> tuple[bytes, bytes]:
