@@ -63,10 +63,12 @@ from .gguf import (
     GGUFError,
     GGUFFile,
     GGUFIncomplete,
+    assemble_model,
     data_end,
+    read_gguf,
     read_gguf_prefix,
 )
-from .gguf_facts import architecture
+from .gguf_facts import FACTS_ARRAY_LIMIT, architecture, facts_of_model
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(?:\d+-\d+|\*)/(\d+)\s*$", re.IGNORECASE)
@@ -74,8 +76,9 @@ _CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(?:\d+-\d+|\*)/(\d+)\s*$", re.IGNOR
 # parsed (a 262k-token vocabulary takes about 6 MiB), up to the cap.
 HEADER_FIRST_BYTES = 1024 * 1024
 HEADER_MAX_BYTES = 64 * 1024 * 1024
-# Metadata arrays longer than this (vocabularies) are skipped, not decoded, while checking.
-_HEADER_ARRAY_LIMIT = 65536
+# Metadata arrays longer than this (vocabularies) are skipped, not decoded, while checking: the limit the planner's
+# facts are read with, so header_facts() gives what gguf_facts.model_facts() gives from the files.
+_HEADER_ARRAY_LIMIT = FACTS_ARRAY_LIMIT
 
 
 class FetchError(Exception):
@@ -329,8 +332,9 @@ def read_range(url: str, start: int, end: int, http: Http, label: str) -> tuple[
 
 
 def check_header(url: str, label: str, http: Http | None = None, first_bytes: int = HEADER_FIRST_BYTES,
-                 max_bytes: int = HEADER_MAX_BYTES) -> None:
-    """Read the GGUF header of ``url`` over HTTP ranges; FetchError naming ``label`` if it cannot be the model.
+                 max_bytes: int = HEADER_MAX_BYTES) -> GGUFFile:
+    """Read the GGUF header of ``url`` over HTTP ranges and return it; FetchError naming ``label`` if it cannot be
+    the model.
 
     Refuses a file that does not start with the GGUF magic (saying what it got), one
     shorter than its header implies, one whose header does not parse within
@@ -359,6 +363,7 @@ def check_header(url: str, label: str, http: Http | None = None, first_bytes: in
     problem = header_problem(name, header, served)
     if problem:
         raise FetchError(problem)
+    return header
 
 
 def check_headers(states: list[FileState], http: Http | None = None) -> None:
@@ -366,6 +371,22 @@ def check_headers(states: list[FileState], http: Http | None = None) -> None:
     for state in states:
         if state.action != "none":
             check_header(state.spec.url, state.label, http)
+
+
+def header_facts(states: list[FileState], http: Http | None = None) -> dict:
+    """The split planner's facts about the model (``gguf_facts.model_facts``) from every file's header: a file in
+    place and verified is read here, the others over HTTP ranges (:func:`check_header`, which checks them too).
+    FetchError when the headers are not one model."""
+    headers = []
+    try:
+        for state in states:
+            if state.action == "none":
+                headers.append(read_gguf(state.path, _HEADER_ARRAY_LIMIT))
+            else:
+                headers.append(check_header(state.spec.url, state.label, http))
+        return facts_of_model(assemble_model(headers))
+    except GGUFError as exc:
+        raise FetchError(str(exc)) from None
 
 
 def plan(specs: list[FileSpec], dest_dir: str, http: Http | None = None, record: bool = True) -> list[FileState]:

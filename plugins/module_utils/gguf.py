@@ -490,7 +490,15 @@ def read_model(paths: ModelPaths, max_array_items: int | None = None) -> GGUFMod
     The shards' ``split.no``/``split.count`` keys are checked: all present, each
     once, and no tensor in two shards.
     """
-    files = [read_gguf(p, max_array_items) for p in _as_path_list(paths)]
+    return assemble_model([read_gguf(p, max_array_items) for p in _as_path_list(paths)])
+
+
+def assemble_model(files: Sequence[GGUFFile]) -> GGUFModel:
+    """The model made of the parsed headers ``files`` (from :func:`read_gguf`, or :func:`read_gguf_prefix` over
+    HTTP ranges): one file, or the shards of a split model in any order, checked as :func:`read_model` says."""
+    files = list(files)
+    if not files:
+        raise GGUFError("no GGUF header given")
     if len(files) == 1:
         count = files[0].metadata.get("split.count", 1)
         if isinstance(count, int) and count > 1:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .gguf import ArraySummary, GGUFError, ModelPaths, read_model
+from .gguf import ArraySummary, GGUFError, GGUFModel, ModelPaths, read_model
 
 _LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.")
 
@@ -36,8 +36,10 @@ _DEFAULT_SWA_PATTERN: dict[str, int] = {
 ARCH_KEYS = ("block_count", "embedding_length")
 
 # model_facts() parses metadata arrays up to this length and summarises longer
-# ones (tokenizer vocabularies): per-layer arrays are far shorter.
-_FACTS_ARRAY_LIMIT = 65536
+# ones (tokenizer vocabularies): per-layer arrays are far shorter. Headers read over
+# HTTP ranges (fetch.py) are parsed with the same limit, so facts_of_model() gives the
+# same facts from them.
+FACTS_ARRAY_LIMIT = 65536
 
 
 def architecture(metadata: dict[str, Any], path: str) -> str:
@@ -117,7 +119,12 @@ def model_facts(paths: ModelPaths) -> dict[str, Any]:
     KV widths follow the standard attention layout; models with compressed KV
     (MLA, e.g. deepseek2) or recurrent layers use less than this estimate.
     """
-    model = read_model(paths, max_array_items=_FACTS_ARRAY_LIMIT)
+    return facts_of_model(read_model(paths, max_array_items=FACTS_ARRAY_LIMIT))
+
+
+def facts_of_model(model: GGUFModel) -> dict[str, Any]:
+    """:func:`model_facts` of a model whose headers are already parsed (``gguf.assemble_model`` of headers read over
+    HTTP ranges, say), parsed with ``max_array_items`` :data:`FACTS_ARRAY_LIMIT`."""
     metadata = model.metadata
     first = model.paths[0]
     arch = architecture(metadata, first)

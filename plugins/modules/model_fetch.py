@@ -116,6 +116,14 @@ options:
         every file is in place.
     type: path
     version_added: "0.4.0"
+  facts:
+    description:
+      - Also return RV(model_facts), what the split planner needs to know about the model, from the GGUF headers: a file
+        in place and verified is read on this host, the others over HTTP ranges (checked as every file to fetch is).
+      - The model role's preflight asks for them, so that the orchestrator's fit check runs before the model is fetched.
+    type: bool
+    default: false
+    version_added: "0.4.0"
   labels:
     description:
       - How errors name the settings to fix, for callers with other names (the model role passes its variables).
@@ -181,6 +189,12 @@ free_bytes:
   description: Free bytes on the destination before downloading.
   returned: always
   type: int
+model_facts:
+  description:
+    - The split planner's facts about the model (C(model_facts) of C(module_utils/gguf_facts.py)), what
+      M(llamafleet.cluster.rpc_plan) takes as O(llamafleet.cluster.rpc_plan#module:model_facts).
+  returned: when O(facts) is true
+  type: dict
 retried:
   description: One line per retry of a transient failure (the file, its URL without secrets, what failed, the wait).
   returned: always
@@ -200,6 +214,7 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.fetch import (
     check_headers,
     check_space,
     download,
+    header_facts,
     plan,
 )
 from ansible_collections.llamafleet.cluster.plugins.module_utils.fetch_policy import Names
@@ -227,7 +242,7 @@ def run(module: AnsibleModule) -> dict:
         if not specs:
             raise FetchError("no model files given")
         states = plan(specs, dest, http, record=not module.check_mode)
-        check_headers(states, http)
+        facts = header_facts(states, http) if params["facts"] else check_headers(states, http)
         needed, free = check_space(states, dest, params["free_margin_mib"] * 1024 * 1024)
     except FetchError as exc:
         module.fail_json(msg=str(exc), retried=http.notes if http else [])
@@ -239,6 +254,7 @@ def run(module: AnsibleModule) -> dict:
         "bytes_needed": needed,
         "free_bytes": free,
         "retried": http.notes,
+        **({"model_facts": facts} if params["facts"] else {}),
         "warnings_": [n for s in states for n in s.notes],
         "diff": {
             "before": "".join(f"{s.spec.name}: {'verified' if s.verified else 'missing'}\n" for s in states),
@@ -301,6 +317,7 @@ def main() -> None:
             retry_delay=dict(type="float", default=5),
             labels=dict(type="dict", default={}),
             progress=dict(type="path"),
+            facts=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )

@@ -374,3 +374,55 @@ def test_a_complete_part_file_is_not_fetched_again(flaky, tmp_path: Path) -> Non
     assert state.action == "resume" and state.partial_bytes == len(BLOB)
     assert (tmp_path / "m.gguf").read_bytes() == BLOB
     assert srv.kinds() == ["HEAD", "get"]
+
+
+def _shards(root: Path) -> list[Path]:
+    """A two-shard llama model: the first shard carries the hyperparameters, a vocabulary of 4000 tokens (a header of
+    about 72 KiB, longer than the first read below) and layer 0, the second layer 1 and the output."""
+    from tests.unit.gguf_testfile import llama_meta, llama_tensors, write_gguf
+
+    meta = llama_meta(**{"tokenizer.ggml.tokens": LLAMA["tokenizer.ggml.tokens"]})
+    tensors = llama_tensors()
+    first = [t for t in tensors if not t[0].startswith(("blk.1.", "output"))]
+    return [write_gguf(root / "s-00001-of-00002.gguf", dict(meta, **{"split.no": 0, "split.count": 2}), first),
+            write_gguf(root / "s-00002-of-00002.gguf", {"split.no": 1, "split.count": 2},
+                       [t for t in tensors if t not in first])]
+
+
+@pytest.mark.parametrize("ranges", [True, False], ids=["ranges", "no-ranges"])
+@pytest.mark.parametrize("in_place", [(), (0,), (0, 1)], ids=["none-in-place", "first-in-place", "all-in-place"])
+def test_header_facts_are_the_files_facts(tmp_path: Path, serve_dir, ranges: bool, in_place: tuple) -> None:
+    """The planner's facts from the headers over HTTP ranges, or from the files in place, are gguf_facts.model_facts of
+    the files themselves (deploy.yml's preflight fit check plans from them before the model is fetched)."""
+    from llamafleet.core.gguf_facts import model_facts
+
+    root = tmp_path / "www"
+    root.mkdir()
+    shards = _shards(root)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    for index in in_place:
+        (dest / shards[index].name).write_bytes(shards[index].read_bytes())
+    # a file in place and verified is read here, never asked for: its URL points at nothing
+    base = serve_dir(root, ranges=ranges)
+    specs = [fetch.FileSpec("http://127.0.0.1:9/%s" % s.name if index in in_place else "%s/%s" % (base, s.name),
+                            hashlib.sha256(s.read_bytes()).hexdigest()) for index, s in enumerate(shards)]
+    http = fetch.Http(timeout=5, retries=0)
+    states = fetch.plan(specs, str(dest), http, record=False)
+    assert [s.action for s in states] == ["none" if i in in_place else "download" for i in range(2)]
+    facts = fetch.header_facts(states, http)
+    assert facts == model_facts([str(s) for s in shards])
+    assert facts["n_layer"] == 2 and all(facts["layer_bytes"]) and facts["output_bytes"]
+
+
+def test_header_facts_refuse_what_is_not_one_model(sources, tmp_path: Path) -> None:
+    """A shard without its siblings fails as the planner's own read of the files does, and a file to fetch is still
+    checked (its error names it by its label)."""
+    base = sources[0][0]
+    http = fetch.Http(timeout=5, retries=0, names=Names(files="model_files"))
+    lone = fetch.plan([fetch.FileSpec(base + "/m-00002-of-00002.gguf", "0" * 64)], str(tmp_path), http)
+    with pytest.raises(fetch.FetchError, match=r"is shard 1 of a 2-file split model, but no other shard was given"):
+        fetch.header_facts(lone, http)
+    bad = fetch.plan([fetch.FileSpec(base + "/login.html", "0" * 64)], str(tmp_path), http)
+    with pytest.raises(fetch.FetchError, match=r"^model_files\[0\]\.url .*: not a GGUF file \(text/html"):
+        fetch.header_facts(bad, http)

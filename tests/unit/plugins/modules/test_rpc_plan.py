@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any, Callable
 import pytest
 
 from llamafleet.core.llama_flags import detect_features
-from ansible_collections.llamafleet.cluster.plugins.modules import rpc_plan
+from ansible_collections.llamafleet.cluster.plugins.modules import model_fetch, rpc_plan
 from tests.unit.module_runner import run_main, warning_messages
 from tests.unit.needs import LAB_MODEL, needs_lab_model
 
@@ -396,3 +397,45 @@ def test_the_recorded_plan_is_kept_while_it_fits(tmp_path: Path, capsys: pytest.
                                         recorded_plan=str(recorded)), capsys)
     assert rc == 0 and unread["plan"]["tensor_split"] == fresh["plan"]["tensor_split"]
     assert any("cannot be read" in warning for warning in warning_messages(unread)), unread.get("warnings")
+
+
+@pytest.fixture()
+def served_model(tmp_path: Path, serve_dir) -> tuple[Path, str]:
+    """A synthetic llama model (llamafleet.bench.synth, 4 layers of about 3.5 MiB) and its URL on a loopback server."""
+    from llamafleet.bench.synth import SynthSpec, write_model
+
+    root = tmp_path / "www"
+    root.mkdir()
+    path = root / "synth.gguf"
+    write_model(path, SynthSpec(layers=4, hidden=512, ffn=1536, heads=8, kv_heads=2, wtype="q8_0"))
+    return path, "%s/synth.gguf" % serve_dir(root)
+
+
+@pytest.mark.parametrize(("cap", "ctx"), [(600, 4096), (20, 4096), (600, 2 ** 20)],
+                         ids=["fits", "refused-weights", "refused-context"])
+def test_preflight_plan_from_the_header_is_the_plan_from_the_file(served_model, tmp_path: Path, cap: int, ctx: int,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """deploy.yml's preflight fit check: model_fetch in check mode reads the header over HTTP ranges and returns the
+    planner's facts (nothing is fetched), and rpc_plan plans from them exactly as from the file, or refuses with the
+    same message, naming the orchestrator."""
+    path, url = served_model
+    dest = tmp_path / "cache"
+    rc, fetched = run_main(model_fetch.main, {
+        "files": [{"url": url, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}], "dest": str(dest), "facts": True,
+        "_ansible_check_mode": True}, capsys)
+    assert rc == 0 and fetched["fetched"] == ["synth.gguf"], fetched
+    assert not dest.exists()
+    workers = [dict(worker, devices=[cpu(cap)]) for worker in WORKERS]
+    base = {"workers": workers, "orchestrator": {"host": "lab1", "devices": []}, "ctx_size": ctx, "n_parallel": 1,
+            "compute_margin_mib": 16}
+    from_header = run_module(dict(base, model_facts=fetched["model_facts"]), capsys)
+    from_file = run_module(dict(base, model=[str(path)]), capsys)
+    for outcome in (from_header, from_file):
+        outcome[1].pop("invocation")
+    assert from_header == from_file
+    rc, result = from_header
+    if cap == 600 and ctx == 4096:
+        assert rc == 0 and sum(result["plan"]["tensor_split"]) == 5, result
+    else:
+        assert rc == 1 and result["msg"].startswith("lab1: "), result
+        assert "lab2" in result["msg"] and "llama_server_" in result["msg"], result["msg"]
