@@ -17,6 +17,11 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 INVENTORY = REPO / "inventories" / "lab" / "hosts.ini"
 BIN = Path(sys.executable).parent
+# deploy.yml's preflight fit check (roles/llama_server/tasks/fit_check.yml) as the output names its task, and the play
+# after the preflight that fetches the model (playbooks/deploy.yml): a refusal in preflight never prints the second.
+FIT_CHECK_TASK = ("TASK [llamafleet.cluster.llama_server : Check the model fits the cluster at this context "
+                  "(preflight, from the GGUF header)")
+MODEL_PLAY = "PLAY [Fetch the model]"
 
 
 def env() -> dict[str, str]:

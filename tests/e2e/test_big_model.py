@@ -24,7 +24,7 @@ from llamafleet.lab.artifacts import BIG_MODEL, BIG_MODEL_NAME, big_model_extra_
 from llamafleet.lab.core import DEFAULT_MEMORY_MIB
 from llamafleet.lab.memory import PEAK_RSS_COMMAND, oom_kills
 from llamafleet.lab.mirror import publish
-from tests.helpers import playbook
+from tests.helpers import FIT_CHECK_TASK, MODEL_PLAY, playbook
 
 MIB = 1024 * 1024
 
@@ -45,13 +45,17 @@ def test_a_context_that_fits_nowhere_is_refused_while_gemma_serves_on(big_model,
     """With an f16 KV cache of 8192 cells (4 GiB of KV) the layers do not pack into the three hosts: the deploy says
     so per device, with what to change, and the running cluster goes on serving the model it has. (At 1024 cells an
     f16 KV fits since the planner counts a running service's own memory as its own: two workers of about 3 GiB
-    each hold it.)"""
+    each hold it.) The refusal comes from deploy.yml's preflight fit check, from the model's GGUF header: the play
+    that fetches the model and copies it to the hosts never starts."""
+    started = time.monotonic()
     run = playbook("deploy.yml", "-e", f"@{big_model}", "-e", "llama_server_cache_type=f16",
                    "-e", "llama_server_ctx_size=8192", timeout=3600)
+    print(f"the big model's refusal in {time.monotonic() - started:.0f} s")
     assert run.rc != 0, run.output[-4000:]
     for text in ("on 3 devices", "short: add hosts or lower ctx_size", "per device: CPU host lab1",
-                 "llama_server_ctx_size", "llama_server_cache_type"):
+                 "llama_server_ctx_size", "llama_server_cache_type", FIT_CHECK_TASK + "]"):
         assert text in run.output, run.output[-6000:]
+    assert MODEL_PLAY not in run.output and run.changed == 0, run.output[-6000:]
     answer = Endpoint.of(fleet).complete("Hello", n_predict=4)
     assert answer["tokens_predicted"] == 4 and BIG_MODEL_NAME not in answer["model"], answer
 

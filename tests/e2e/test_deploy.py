@@ -30,7 +30,7 @@ from llamafleet.lab.core import DEFAULT_MEMORY_MIB
 from tests.e2e.bad_models import make_bad_models
 from tests.e2e.conftest import main_pids, nothing_changes
 from tests.e2e.quiet import after_batch, once, quiet
-from tests.helpers import INVENTORY, REPO, PlaybookRun, playbook
+from tests.helpers import FIT_CHECK_TASK, INVENTORY, MODEL_PLAY, REPO, PlaybookRun, playbook
 
 def test_first_deploy_serves(deployed, fleet):
     assert deployed.failed == 0
@@ -212,12 +212,15 @@ BAD_INPUT = [
     pytest.param(["-e", '{"rpc_server_device_overrides": [{"match": "cpu", "free_mib": 100000000}]}'],
                  "lab2: rpc_server_device_overrides[0].free_mib is 100000000 MiB, more than this host can give a "
                  "service: ", id="memory-claim-above-cgroup"),
-    # rpc_plan in the llama_server role's configure step, after roles that change nothing on a converged lab: each
-    # device with its memory (the orchestrator's CPU among them on the CPU lab), and what to change
+    # rpc_plan in deploy.yml's preflight (roles/llama_server/tasks/fit_check.yml, on the controller), from the model's
+    # GGUF header, before the model role: each device with its memory (the orchestrator's CPU among them on the CPU
+    # lab), and what to change; the play that fetches the model never starts
     pytest.param(["-e", "llama_server_ctx_size=100000000"],
                  ("lab1: the model at ctx_size 100000000 needs ",
                   "add hosts or lower ctx_size (llama_server_ctx_size); per device: ",
-                  " host lab2 ", " host lab3 ", "llama_server_cache_type q8_0"),
+                  " host lab2 ", " host lab3 ", "llama_server_cache_type q8_0",
+                  FIT_CHECK_TASK + "]", "fatal: [lab1 -> localhost]"),
+                 INVENTORY, (MODEL_PLAY,),
                  id="context-too-large"),
     pytest.param(["-e", "llama_server_cpu_layers=many"],
                  ("lab1: check llama_server_port", "llama_server_cpu_layers (many: auto or a number of layers)"),
@@ -257,11 +260,12 @@ class BadRun:
 
     run: PlaybookRun
     expected: tuple[str, ...]
+    absent: tuple[str, ...] = ()  # strings it must not print (a play that must not start)
 
 
-def _bad_deploy(extra: list[str], expected, inventory: Path = INVENTORY) -> BadRun:
+def _bad_deploy(extra: list[str], expected, inventory: Path = INVENTORY, absent: tuple[str, ...] = ()) -> BadRun:
     run = playbook("deploy.yml", *extra, inventory=inventory)
-    return BadRun(run, (expected,) if isinstance(expected, str) else tuple(expected))
+    return BadRun(run, (expected,) if isinstance(expected, str) else tuple(expected), tuple(absent))
 
 
 for _param in BAD_INPUT:
@@ -302,6 +306,8 @@ def assert_failed_before_any_change(bad: BadRun) -> None:
     assert run.rc != 0, run.output[-4000:]
     for text in bad.expected:
         assert text in run.output, run.output[-4000:]
+    for text in bad.absent:
+        assert text not in run.output, run.output[-4000:]
     assert run.recap, run.output[-4000:]  # the play ran (a recap), it did not die before it started
     assert run.changed == 0, run.output[-4000:]
 

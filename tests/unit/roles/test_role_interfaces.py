@@ -162,16 +162,19 @@ def test_deploy_runs_every_preflight_then_records_it() -> None:
     play = next(p for p in plays if any("_llamafleet_preflight_done" in (t.get("ansible.builtin.set_fact") or {})
                                         for t in p.get("tasks", [])))
     tasks = play["tasks"]
-    includes = [t for t in tasks if "ansible.builtin.include_role" in t]
+    includes = [t for t in tasks if (t.get("ansible.builtin.include_role") or {}).get("tasks_from") == "preflight"]
     roles = [t["ansible.builtin.include_role"]["name"].rsplit(".", 1)[1] for t in includes]
-    assert sorted(roles) == DEPLOY and all(t["ansible.builtin.include_role"]["tasks_from"] == "preflight"
-                                           for t in includes)
+    assert sorted(roles) == DEPLOY
     # first the checks of the inventory's groups (run once), then every role's preflight, then the checks
-    # across hosts (run once, on what every host's preflight computed), then the record
+    # across hosts (run once, on what every host's preflight computed), then the orchestrator's fit check (from what
+    # the preflights read: the model's header, the workers' devices), then the record
     first = tasks.index(includes[0])
     assert first > 0 and all(t.get("run_once") for t in tasks[:first])
-    across = tasks[first + len(includes):-1]
+    across = tasks[first + len(includes):-2]
     assert tasks[first:first + len(includes)] == includes and across and all(t.get("run_once") for t in across)
+    assert tasks[-2]["ansible.builtin.include_role"] == {"name": "llamafleet.cluster.llama_server",
+                                                         "tasks_from": "fit_check"}
+    assert tasks[-2]["when"] == "inventory_hostname in _llamafleet_orchestrators"
     assert tasks[-1]["ansible.builtin.set_fact"] == {"_llamafleet_preflight_done": True}
     # ...imported by deploy.yml and upgrade.yml before any play that applies a role
     for name in ("deploy.yml", "upgrade.yml"):
