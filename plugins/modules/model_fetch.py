@@ -118,8 +118,8 @@ options:
     version_added: "0.4.0"
   facts:
     description:
-      - Also return RV(model_facts), what the split planner needs to know about the model, from the GGUF headers: a file
-        in place and verified is read on this host, the others over HTTP ranges (checked as every file to fetch is).
+      - Also return RV(model_facts), what the split planner needs to know about the model, from the GGUF headers (a
+        file in place and verified is read on this host, the others over HTTP ranges, checked as every file to fetch is).
       - The model role's preflight asks for them, so that the orchestrator's fit check runs before the model is fetched.
     type: bool
     default: false
