@@ -13,6 +13,7 @@ Rendering is pure (text from values) so it is unit-tested without a lab.
 
 from __future__ import annotations
 
+import resource
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,22 @@ def lab_group_vars(mirror_base: str = MIRROR_URL, proxy_url: str = PROXY_URL) ->
         "llama_server_ctx_size": 2048,
         # -lv 5 logs the device of every layer: the demo and the tests compare it with the plan.
         "llama_server_log_verbosity": 5,
+        # The lab's hosts inherit this machine's hard limit on open files, which caps HAProxy's connections
+        # (roles/edge: 2 descriptors a connection and 1024 more, checked by its preflight).
+        "edge_maxconn": lab_edge_maxconn(resource.getrlimit(resource.RLIMIT_NOFILE)[1]),
     }
+
+
+# The edge role's default edge_maxconn, which a lab host keeps when its limit on open files allows it.
+EDGE_MAXCONN_DEFAULT = 20000
+
+
+def lab_edge_maxconn(nofile_hard: int) -> int:
+    """The edge's connection cap on lab hosts whose services can have ``nofile_hard`` descriptors at most
+    (resource.RLIM_INFINITY: no limit)."""
+    if nofile_hard == resource.RLIM_INFINITY:
+        return EDGE_MAXCONN_DEFAULT
+    return max(1, min(EDGE_MAXCONN_DEFAULT, (nofile_hard - 1024) // 2))
 
 
 def backend_group_vars(backend: str) -> dict[str, Any]:

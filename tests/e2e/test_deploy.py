@@ -222,6 +222,11 @@ BAD_INPUT = [
                   FIT_CHECK_TASK + "]", "fatal: [lab1 -> localhost]"),
                  INVENTORY, (MODEL_PLAY,),
                  id="context-too-large"),
+    # the edge role's preflight: HAProxy needs 2 descriptors a connection, more than any host's systemd can grant
+    # (fs.nr_open is at most 1048576): refused before anything changes, with the most edge_maxconn this host allows
+    pytest.param(["-e", "llamafleet_edge=haproxy", "-e", "edge_maxconn=600000"],
+                 ("lab1: edge_maxconn 600000 needs 1201024 file descriptors for HAProxy", "set edge_maxconn to "),
+                 id="edge-maxconn-above-descriptor-limit"),
     pytest.param(["-e", "llama_server_cpu_layers=many"],
                  ("lab1: check llama_server_port", "llama_server_cpu_layers (many: auto or a number of layers)"),
                  id="cpu-layers-not-a-number"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import configparser
+import resource
 import shlex
 from pathlib import Path
 
@@ -10,6 +11,8 @@ import pytest
 import yaml
 
 from llamafleet.lab.inventory import (
+    EDGE_MAXCONN_DEFAULT,
+    lab_edge_maxconn,
     lab_group_vars,
     remove_inventory,
     render_group_vars,
@@ -19,6 +22,7 @@ from llamafleet.lab.inventory import (
 )
 from llamafleet.lab.net import lab_hosts
 
+REPO = Path(__file__).resolve().parents[4]
 KEY = Path("/var/cache/llamafleet/lab/id_ed25519")
 KNOWN = Path("/var/cache/llamafleet/lab/run/known_hosts")
 
@@ -72,6 +76,19 @@ def test_lab_group_vars() -> None:
         "url": "http://10.77.0.1:8089/models/gemma-3-270m-q4_k_m.gguf",
         "sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     }]
+
+
+def test_the_labs_edge_maxconn_fits_the_descriptors_its_hosts_inherit() -> None:
+    """HAProxy needs 2 descriptors a connection and the role adds 1024: this machine's hard limit of 20000 gives 9488;
+    a host without a tight limit keeps the edge role's own default (the two cannot drift apart)."""
+    defaults = yaml.safe_load((REPO / "roles" / "edge" / "defaults" / "main.yml").read_text())
+    assert EDGE_MAXCONN_DEFAULT == defaults["edge_maxconn"]
+    assert lab_edge_maxconn(20000) == 9488
+    assert lab_edge_maxconn(9488 * 2 + 1024) == 9488
+    assert lab_edge_maxconn(1048576) == EDGE_MAXCONN_DEFAULT
+    assert lab_edge_maxconn(resource.RLIM_INFINITY) == EDGE_MAXCONN_DEFAULT
+    assert lab_edge_maxconn(1024) == 1
+    assert lab_group_vars()["edge_maxconn"] == lab_edge_maxconn(resource.getrlimit(resource.RLIMIT_NOFILE)[1])
 
 
 def test_group_vars_yaml_round_trips() -> None:
