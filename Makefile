@@ -103,7 +103,7 @@ lab-test: venv
 
 # Every end-to-end module, in tests/e2e/conftest.ORDER; it prints the time of each module and the 25 slowest steps.
 # The modules of tests/e2e/conftest.SEPARATE run by their own targets (separate-e2e-test, each alone), not here.
-E2E_SEPARATE := test_share_replan.py test_host_firewall.py test_bench_builds.py test_big_model.py test_edge_lab.py
+E2E_SEPARATE := test_share_replan.py test_host_firewall.py test_bench_builds.py test_big_model.py
 
 e2e-test: venv
 	@echo "==> end-to-end tests: a mixed CPU + Vulkan lab, then deploy.yml and the rest on a 3-host CPU lab (compiles the llama.cpp builds the controller has not cached)"
