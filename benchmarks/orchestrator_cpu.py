@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+# Copyright: llamafleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The orchestrator's own memory on a CPU fleet: layers left on llama-server's CPU, or a local rpc-server?
+
+Two deploys of the 3-host lab, one after the other, each measured the same way:
+
+- ``cpu-layers``: the roles' default (``llama_server_cpu_layers: auto``): llama-server keeps the first layers on its
+  own CPU, beside the two workers;
+- ``local-rpc``: the orchestrator is also in ``llamafleet_workers`` and runs an rpc-server of its own, and
+  ``llama_server_cpu_layers: 0``: its share goes through that rpc-server over TCP on the same host.
+
+For each: the plan (the units on each device), a restart's load (seconds until ``/health`` answers 200), decode tok/s
+(the best of three streamed 64-token completions through the gate) and time to the first token (their median), and
+the peak RSS of llama-server and of the orchestrator's rpc-server. Then ``lab down``: the local rpc-server is left on
+lab1 by the second deploy, and the next lab job starts from bare hosts.
+
+    python -m benchmarks.orchestrator_cpu [--json FILE] [--big]
+
+``--big`` uses the synthetic 6.41 GiB model (``llamafleet.lab.artifacts.BIG_MODEL``) on hosts of 4 GiB each instead
+of gemma. Needs root and the lab.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from llamafleet.bench.measure import stream_completion
+from llamafleet.cluster import Endpoint, api_key_of, read_plan
+from llamafleet.core import constants
+from llamafleet.fleet import Fleet
+from llamafleet.lab import LabPaths
+from llamafleet.lab.artifacts import BIG_MODEL, big_model_extra_vars, ensure_artifact
+from llamafleet.lab.mirror import mirror_url, publish
+from tests.helpers import INVENTORY, cli, playbook
+
+RUNS = 3
+N_PREDICT = 64
+PROMPT = "Once upon a time"
+
+
+def inventory_with_local_worker(folder: Path) -> Path:
+    """The lab inventory with the orchestrator (its first host) in llamafleet_workers too."""
+    lines = INVENTORY.read_text().splitlines()
+    orchestrator = lines[lines.index("[" + constants.GROUP_ORCHESTRATOR + "]") + 1]
+    at = lines.index("[" + constants.GROUP_WORKERS + "]") + 1
+    lines.insert(at, orchestrator)
+    (folder / "hosts.ini").write_text("\n".join(lines) + "\n")
+    shutil.copytree(INVENTORY.parent / "group_vars", folder / "group_vars")
+    return folder / "hosts.ini"
+
+
+def peak_rss_mib(fleet: Fleet, unit: str) -> int | None:
+    out = fleet.run(f"grep VmHWM /proc/$(systemctl show -p MainPID --value {unit})/status 2>/dev/null",
+                    [fleet.orchestrator])[fleet.orchestrator.name].stdout
+    found = re.search(r"VmHWM:\s+(\d+) kB", out)
+    return int(found.group(1)) // 1024 if found else None
+
+
+def measure(fleet: Fleet) -> dict:
+    key = api_key_of(fleet)
+    endpoint = Endpoint.of(fleet, api_key=key)
+    endpoint.wait_healthy(timeout=900)
+    started = time.monotonic()
+    fleet.run_one(f"systemctl restart {constants.LLAMA_SERVER_UNIT}", fleet.orchestrator, what="restart llama-server")
+    endpoint.wait_healthy(timeout=900)
+    load_s = time.monotonic() - started
+    stream_completion(endpoint.url, PROMPT, n_predict=8, api_key=key, timeout=600)  # warm the prompt cache alike
+    results = [stream_completion(endpoint.url, PROMPT, n_predict=N_PREDICT, api_key=key, timeout=600)
+               for _ in range(RUNS)]
+    failed = [r.error for r in results if not r.ok]
+    if failed:
+        raise SystemExit(f"completions failed: {failed}")
+    plan = read_plan(fleet)
+    return {
+        "devices": [{"name": d["name"], "host": d.get("host"), "units": d["layers"]["count"],
+                     "weights_mib": d.get("weights_mib")} for d in plan["devices"]],
+        "load_s": round(load_s, 1),
+        "decode_tok_s": round(max(r.tok_s for r in results if r.tok_s), 2),
+        "ttft_s": round(statistics.median(r.ttft_s for r in results), 3),
+        "llama_server_peak_rss_mib": peak_rss_mib(fleet, constants.LLAMA_SERVER_UNIT),
+        "local_rpc_server_peak_rss_mib": peak_rss_mib(fleet, constants.RPC_SERVER_UNIT),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--big", action="store_true", help="the synthetic 6.41 GiB model instead of gemma")
+    args = parser.parse_args()
+    cli("lab", "up", "--hosts", "3", timeout=1200)
+    extra: list[str] = []
+    if args.big:
+        path = ensure_artifact(BIG_MODEL, LabPaths.default().root)
+        publish(path, BIG_MODEL.subdir)
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+            json.dump(big_model_extra_vars(mirror_url(BIG_MODEL.subdir, BIG_MODEL.name)), handle)
+        extra = ["-e", f"@{handle.name}"]
+    fleet = Fleet.from_inventory(INVENTORY)
+    figures: dict[str, object] = {"model": "big" if args.big else "gemma"}
+    with tempfile.TemporaryDirectory(prefix="llamafleet-orchestrator-cpu-") as tmp:
+        variants = {"cpu-layers": (INVENTORY, []),
+                    "local-rpc": (inventory_with_local_worker(Path(tmp)), ["-e", "llama_server_cpu_layers=0"])}
+        for name, (inventory, variables) in variants.items():
+            print(f"==> {name}: deploy.yml", flush=True)
+            started = time.monotonic()
+            run = playbook("deploy.yml", *extra, *variables, inventory=inventory, timeout=3600)
+            if run.rc != 0:
+                print(run.output[-6000:])
+                return 1
+            figures[name] = {"deploy_s": round(time.monotonic() - started, 1), **measure(fleet)}
+            print(json.dumps({name: figures[name]}), flush=True)
+    print(json.dumps(figures, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    print("==> lab down (lab1 keeps the local rpc-server of the second deploy)", flush=True)
+    cli("lab", "down", timeout=300)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
