@@ -5,10 +5,11 @@
 
 Two deploys of the 3-host lab, one after the other, each measured the same way:
 
-- ``cpu-layers``: the roles' default (``llama_server_cpu_layers: auto``): llama-server keeps the first layers on its
-  own CPU, beside the two workers;
-- ``local-rpc``: the orchestrator is also in ``llamafleet_workers`` and runs an rpc-server of its own, and
-  ``llama_server_cpu_layers: 0``: its share goes through that rpc-server over TCP on the same host.
+- ``local-rpc`` first: the orchestrator is also in ``llamafleet_workers`` and runs an rpc-server of its own, and
+  ``llama_server_cpu_layers: 0``: its share (the planner's) goes through that rpc-server over TCP on the same host;
+- ``cpu-layers``: llama-server keeps the same number of layers on its own CPU (``llama_server_cpu_layers: N``, N the
+  layers the first plan gave the local rpc-server), beside the two workers. (The roles' default, ``auto``, leaves a
+  small model none where the workers hold it all.)
 
 For each: the plan (the units on each device), a restart's load (seconds until ``/health`` answers 200), decode tok/s
 (the best of three streamed 64-token completions through the gate) and time to the first token (their median), and
@@ -83,6 +84,7 @@ def measure(fleet: Fleet) -> dict:
     return {
         "devices": [{"name": d["name"], "host": d.get("host"), "units": d["layers"]["count"],
                      "weights_mib": d.get("weights_mib")} for d in plan["devices"]],
+        "cpu_layers": plan.get("cpu_layers", 0),
         "load_s": round(load_s, 1),
         "decode_tok_s": round(max(r.tok_s for r in results if r.tok_s), 2),
         "ttft_s": round(statistics.median(r.ttft_s for r in results), 3),
@@ -107,9 +109,12 @@ def main() -> int:
     fleet = Fleet.from_inventory(INVENTORY)
     figures: dict[str, object] = {"model": "big" if args.big else "gemma"}
     with tempfile.TemporaryDirectory(prefix="llamafleet-orchestrator-cpu-") as tmp:
-        variants = {"cpu-layers": (INVENTORY, []),
-                    "local-rpc": (inventory_with_local_worker(Path(tmp)), ["-e", "llama_server_cpu_layers=0"])}
-        for name, (inventory, variables) in variants.items():
+        local_layers = 0
+        for name in ("local-rpc", "cpu-layers"):
+            if name == "local-rpc":
+                inventory, variables = inventory_with_local_worker(Path(tmp)), ["-e", "llama_server_cpu_layers=0"]
+            else:
+                inventory, variables = INVENTORY, ["-e", f"llama_server_cpu_layers={local_layers}"]
             print(f"==> {name}: deploy.yml", flush=True)
             started = time.monotonic()
             run = playbook("deploy.yml", *extra, *variables, inventory=inventory, timeout=3600)
@@ -117,6 +122,8 @@ def main() -> int:
                 print(run.output[-6000:])
                 return 1
             figures[name] = {"deploy_s": round(time.monotonic() - started, 1), **measure(fleet)}
+            local_layers = local_layers or sum(d["units"] for d in figures[name]["devices"]
+                                               if d["host"] == fleet.orchestrator.name)
             print(json.dumps({name: figures[name]}), flush=True)
     print(json.dumps(figures, indent=2))
     if args.json:
