@@ -107,13 +107,15 @@ E2E_SEPARATE := test_share_replan.py test_host_firewall.py test_bench_builds.py 
 
 e2e-test: venv
 	@echo "==> end-to-end tests: a mixed CPU + Vulkan lab, then deploy.yml and the rest on a 3-host CPU lab (compiles the llama.cpp builds the controller has not cached)"
-	@$(BIN)/pytest -q --durations=25 $(addprefix --ignore=tests/e2e/,$(E2E_SEPARATE)) tests/e2e
+	@$(BIN)/pytest -q --durations=25 -m "not separate" $(addprefix --ignore=tests/e2e/,$(E2E_SEPARATE)) tests/e2e
 
 # What make test leaves out (CI's time): a re-plan's share moves, firewalld and ufw beside the worker firewall, the
 # two builds in one bench, the big model (about 30 minutes).
 separate-e2e-test: venv
 	@echo "==> end-to-end modules make test leaves out: $(E2E_SEPARATE)"
 	@$(BIN)/pytest -q --durations=10 $(addprefix tests/e2e/,$(E2E_SEPARATE))
+	@echo "==> the cases make test leaves out of its own modules (marker separate): two Vulkan devices, a unit each"
+	@$(BIN)/pytest -q --durations=10 -m separate $(addprefix --ignore=tests/e2e/,$(E2E_SEPARATE)) tests/e2e
 
 # Both llama.cpp releases side by side in one bench.yml run (compiles the other release if the cache lacks it).
 bench-builds-test: venv
