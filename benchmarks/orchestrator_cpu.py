@@ -27,13 +27,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.big_model import load
 from llamafleet.bench.measure import stream_completion
 from llamafleet.cluster import Endpoint, api_key_of, read_plan
 from llamafleet.core import constants
@@ -41,7 +41,7 @@ from llamafleet.fleet import Fleet
 from llamafleet.lab import LabPaths
 from llamafleet.lab.artifacts import BIG_MODEL, big_model_extra_vars, ensure_artifact
 from llamafleet.lab.mirror import mirror_url, publish
-from tests.helpers import INVENTORY, cli, playbook
+from tests.helpers import INVENTORY, cli, inventory_variant, playbook
 
 RUNS = 3
 N_PREDICT = 64
@@ -54,9 +54,7 @@ def inventory_with_local_worker(folder: Path) -> Path:
     orchestrator = lines[lines.index("[" + constants.GROUP_ORCHESTRATOR + "]") + 1]
     at = lines.index("[" + constants.GROUP_WORKERS + "]") + 1
     lines.insert(at, orchestrator)
-    (folder / "hosts.ini").write_text("\n".join(lines) + "\n")
-    shutil.copytree(INVENTORY.parent / "group_vars", folder / "group_vars")
-    return folder / "hosts.ini"
+    return inventory_variant(folder, lines)
 
 
 def peak_rss_mib(fleet: Fleet, unit: str) -> int | None:
@@ -70,10 +68,7 @@ def measure(fleet: Fleet) -> dict:
     key = api_key_of(fleet)
     endpoint = Endpoint.of(fleet, api_key=key)
     endpoint.wait_healthy(timeout=900)
-    started = time.monotonic()
-    fleet.run_one(f"systemctl restart {constants.LLAMA_SERVER_UNIT}", fleet.orchestrator, what="restart llama-server")
-    endpoint.wait_healthy(timeout=900)
-    load_s = time.monotonic() - started
+    load_s, _sent = load(fleet, key)
     stream_completion(endpoint.url, PROMPT, n_predict=8, api_key=key, timeout=600)  # warm the prompt cache alike
     results = [stream_completion(endpoint.url, PROMPT, n_predict=N_PREDICT, api_key=key, timeout=600)
                for _ in range(RUNS)]

@@ -98,6 +98,15 @@ def _log_run(name: str, args: tuple[str, ...], seconds: float, run: PlaybookRun)
                      f"{name} {shown}\n")
 
 
+def inventory_variant(folder: Path, lines: list[str]) -> Path:
+    """``folder``/hosts.ini with ``lines`` (the lab inventory edited) and the lab's group_vars beside it, as ansible
+    reads them: the inventory to pass to :func:`playbook`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "hosts.ini").write_text("\n".join(lines) + "\n")
+    shutil.copytree(INVENTORY.parent / "group_vars", folder / "group_vars", dirs_exist_ok=True)
+    return folder / "hosts.ini"
+
+
 def self_signed_pair(host: str, days: int = 1) -> tuple[bytes, bytes]:
     """A self-signed certificate for ``host`` (an IP address or a DNS name) and its key, both PEM
     (needs the ``cryptography`` package, which the tests' lock pins)."""

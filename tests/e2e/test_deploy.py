@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from llamafleet.lab.core import DEFAULT_MEMORY_MIB
 from tests.e2e.bad_models import make_bad_models
 from tests.e2e.conftest import main_pids, nothing_changes
 from tests.e2e.quiet import after_batch, once, quiet
-from tests.helpers import FIT_CHECK_TASK, INVENTORY, MODEL_PLAY, REPO, PlaybookRun, playbook
+from tests.helpers import FIT_CHECK_TASK, INVENTORY, MODEL_PLAY, REPO, PlaybookRun, inventory_variant, playbook
 
 def test_first_deploy_serves(deployed, fleet):
     assert deployed.failed == 0
@@ -244,10 +243,7 @@ def _without_workers(folder: Path, missing: bool) -> Path:
         elif in_workers and line.strip() or missing and line.strip() == "llamafleet_workers":
             continue  # the workers' lines, and the group as a child of llamafleet
         lines.append(line)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "hosts.ini").write_text("\n".join(lines) + "\n")
-    shutil.copytree(INVENTORY.parent / "group_vars", folder / "group_vars", dirs_exist_ok=True)
-    return folder / "hosts.ini"
+    return inventory_variant(folder, lines)
 
 
 def _api_key_file(folder: Path, mode: int | None) -> Path:
@@ -360,9 +356,8 @@ def _election(work: Path) -> PlaybookRun:
     # the orchestrator becomes a plain worker candidate
     lines.insert(lines.index("[llamafleet_workers]") + 1, next(
         ln for ln in text.splitlines() if ln.startswith("lab1 ")))
-    (work / "hosts.ini").write_text("\n".join(lines) + "\n")
-    shutil.copytree(INVENTORY.parent / "group_vars", work / "group_vars")
-    return playbook("deploy.yml", "--check", "--tags", "election_only", "-v", timeout=600, inventory=work / "hosts.ini")
+    return playbook("deploy.yml", "--check", "--tags", "election_only", "-v", timeout=600,
+                    inventory=inventory_variant(work, lines))
 
 
 def test_orchestrator_is_elected_when_the_inventory_pins_none(quiet_runs):
