@@ -17,7 +17,7 @@ from ansible.plugins.action import ActionBase
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("directories", "files"))
+    _VALID_ARGS = frozenset(("directories", "files", "absent", "purge"))
 
     def _content(self, item: dict[str, Any]) -> str:
         src = item["src"]

@@ -75,6 +75,38 @@ options:
         description: Mode of the file, as an octal string.
         type: str
         default: "0644"
+      force:
+        description: Replace the file when its content differs. C(false) writes it only where it is missing (owner,
+          group and mode are still fixed).
+        type: bool
+        default: true
+      validate:
+        description: A command run on the new content before it replaces the file, C(%s) standing for the path of
+          that temporary file (as in M(ansible.builtin.copy)); a non-zero exit fails the task and leaves the file as it
+          was. Not run in check mode.
+        type: str
+  absent:
+    description: Paths to remove (a file, a link or a whole directory), after the files are written. A path that is
+      not there is no change; one that is removed is reported in RV(changed_paths).
+    type: list
+    elements: path
+    default: []
+  purge:
+    description: Directories whose files matching O(purge[].pattern) are removed unless O(files) lists them (the
+      files a set replaces as a whole, such as one per worker), after the files are written; each removal is reported
+      in RV(changed_paths). A directory that is not there is skipped.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path:
+        description: Absolute path of the directory.
+        type: path
+        required: true
+      pattern:
+        description: Shell pattern of the file names to consider (C(fnmatch)).
+        type: str
+        default: "*"
 author:
   - llamafleet maintainers (@llamafleet)
 """
@@ -89,17 +121,29 @@ EXAMPLES = r"""
         content: ""
       - dest: /usr/local/lib/llamafleet/llamafleet_host/rpc_proto.py
         src: "{{ role_path }}/../../plugins/module_utils/rpc_proto.py"
+
+- name: Install a checked configuration and remove what is no longer asked for
+  llamafleet.cluster.host_files:
+    files:
+      - dest: /etc/example/config.json
+        content: "{{ config | to_nice_json }}"
+        validate: /usr/bin/python3 -m json.tool %s
+    absent:
+      - /etc/example/old-template.jinja
 """
 
 RETURN = r"""
 changed_paths:
-  description: The directories and files created or changed (content, owner, group or mode), in the order given.
+  description: The directories and files created or changed (content, owner, group or mode) and the paths removed, in
+    the order given (directories, files, purge, absent).
   returned: always
   type: list
   elements: str
 """
 
+import fnmatch
 import os
+import shutil
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
@@ -117,6 +161,12 @@ FILE_SPEC = dict(
     owner=dict(type="str", default="root"),
     group=dict(type="str", default="root"),
     mode=dict(type="str", default="0644"),
+    force=dict(type="bool", default=True),
+    validate=dict(type="str"),
+)
+PURGE_SPEC = dict(
+    path=dict(type="path", required=True),
+    pattern=dict(type="str", default="*"),
 )
 # Files larger than this are not shown in a diff (the diff says so instead).
 DIFF_LIMIT = 64 * 1024
@@ -176,7 +226,7 @@ def ensure_file(module, item, diffs):
         module.fail_json(msg="%s is a directory (host_files files)" % dest)
     parent = os.path.dirname(dest)
     current = _read(dest)
-    changed = current != data
+    changed = current != data and (item["force"] or current is None)
     if changed:
         diffs.append(dict(before_header=dest, after_header=dest, before=_diff_text(current), after=_diff_text(data)))
     if module.check_mode:
@@ -192,11 +242,52 @@ def ensure_file(module, item, diffs):
             with os.fdopen(handle, "wb") as out:
                 out.write(data)
             module.set_fs_attributes_if_different(_attributes(module, tmp, item), False)
+            _validate(module, item, tmp)
             module.atomic_move(tmp, dest, unsafe_writes=False)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
     return _fix_attributes(module, dest, item, changed, diffs)
+
+
+def _validate(module, item, tmp):
+    command = item["validate"]
+    if not command:
+        return
+    if "%s" not in command:
+        module.fail_json(msg="%s: validate must contain %%s (the path of the new content): %s" % (item["dest"], command))
+    rc, out, err = module.run_command(command % tmp)
+    if rc != 0:
+        module.fail_json(msg="%s: the new content failed validation (%s, exit %d): %s"
+                         % (item["dest"], command, rc, (err or out).strip()))
+
+
+def remove_path(module, path, diffs):
+    """Removes a file, link or directory tree; True when something was there."""
+    if not os.path.lexists(path):
+        return False
+    is_dir = os.path.isdir(path) and not os.path.islink(path)
+    diffs.append(dict(before_header=path, after_header=path,
+                      before={"state": "directory" if is_dir else "file"}, after={"state": "absent"}))
+    if not module.check_mode:
+        if is_dir:
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    return True
+
+
+def purge_paths(directory, pattern, wanted):
+    """The files (and links) in ``directory`` whose names match ``pattern`` and that are not ``wanted``, sorted."""
+    if not os.path.isdir(directory):
+        return []
+    found = []
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if fnmatch.fnmatch(name, pattern) and path not in wanted and not (os.path.isdir(path)
+                                                                          and not os.path.islink(path)):
+            found.append(path)
+    return found
 
 
 def main():
@@ -205,6 +296,8 @@ def main():
             directories=dict(type="list", elements="dict", default=[], options=DIRECTORY_SPEC),
             files=dict(type="list", elements="dict", default=[], options=FILE_SPEC,
                        mutually_exclusive=[("src", "content")]),
+            absent=dict(type="list", elements="path", default=[]),
+            purge=dict(type="list", elements="dict", default=[], options=PURGE_SPEC),
         ),
         supports_check_mode=True,
     )
@@ -216,6 +309,14 @@ def main():
     for item in module.params["files"]:
         if ensure_file(module, item, diffs):
             changed_paths.append(item["dest"])
+    wanted = set(item["dest"] for item in module.params["files"])
+    for item in module.params["purge"]:
+        for path in purge_paths(item["path"], item["pattern"], wanted):
+            if remove_path(module, path, diffs):
+                changed_paths.append(path)
+    for path in module.params["absent"]:
+        if remove_path(module, path, diffs):
+            changed_paths.append(path)
     result = dict(changed=bool(changed_paths), changed_paths=changed_paths)
     if module._diff:
         result["diff"] = diffs

@@ -32,6 +32,12 @@ options:
     type: list
     elements: str
     required: true
+  enable_only:
+    description: Units to make enabled without starting them (one started later, or by a handler). A unit in both
+      lists is started.
+    type: list
+    elements: str
+    default: []
   daemon_reload:
     description: Run C(systemctl daemon-reload) first, so unit files written just before are read.
     type: bool
@@ -60,6 +66,11 @@ started:
   returned: always
   type: list
   elements: str
+active_states:
+  description: Each unit's C(ActiveState) (O(units) and O(enable_only)) as read before this run enabled or started
+    anything, for example C(active), C(inactive) or C(failed).
+  returned: always
+  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -77,22 +88,27 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             units=dict(type="list", elements="str", required=True),
+            enable_only=dict(type="list", elements="str", default=[]),
             daemon_reload=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
-    units = module.params["units"]
+    to_run = module.params["units"]
+    units = to_run + [unit for unit in module.params["enable_only"] if unit not in to_run]
     if not units:
-        module.exit_json(changed=False, enabled=[], started=[])
+        module.exit_json(changed=False, enabled=[], started=[], active_states={})
     if module.params["daemon_reload"] and not module.check_mode:
         module.run_command(["systemctl", "daemon-reload"], check_rc=True)
     rc, out, err = module.run_command(show_argv(units, PROPERTIES))
     if rc != 0:
         module.fail_json(msg="systemctl show %s failed: %s" % (" ".join(units), (err or out).strip()))
     try:
-        to_enable, to_start, problems = units_to_enable_and_start(units, parse_show_units(out))
+        shown = parse_show_units(out)
+        to_enable, to_start, problems = units_to_enable_and_start(units, shown)
     except ValueError as exc:
         module.fail_json(msg="systemctl show %s: %s" % (" ".join(units), exc))
+    active_states = dict((unit, props.get("ActiveState", "")) for unit, props in zip(units, shown))
+    to_start = [unit for unit in to_start if unit in to_run]
     if problems:
         module.fail_json(msg="; ".join(problems))
     if not module.check_mode:
@@ -103,8 +119,9 @@ def main():
             if rc != 0:
                 journal = module.run_command(["journalctl", "-u", unit, "-n", "20", "--no-pager", "-o", "cat"])[1]
                 module.fail_json(msg="%s did not start: %s\n%s" % (unit, (err or out).strip(), journal.strip()),
-                                 enabled=to_enable, started=[])
-    module.exit_json(changed=bool(to_enable or to_start), enabled=to_enable, started=to_start)
+                                 enabled=to_enable, started=[], active_states=active_states)
+    module.exit_json(changed=bool(to_enable or to_start), enabled=to_enable, started=to_start,
+                     active_states=active_states)
 
 
 if __name__ == "__main__":

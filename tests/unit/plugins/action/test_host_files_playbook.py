@@ -123,3 +123,70 @@ def test_check_mode_on_a_bare_host_writes_nothing(box: Path) -> None:
 def test_missing_directory_is_named(box: Path) -> None:
     out = play(box, playbook="missing.yml", ok=False)[0]
     assert f"its directory {box}/nowhere does not exist" in out
+
+
+PLAN = """\
+- name: Host files
+  hosts: box
+  gather_facts: false
+  vars:
+    config: '{{"port": 1}}'
+  tasks:
+    - name: A checked file, a file kept once written, the plans of a folder and what goes
+      llamafleet.cluster.host_files:
+        directories:
+          - {{path: "{tmp}/root/plans", owner: {user}, group: {group}}}
+        files:
+          - {{dest: "{tmp}/root/config.json", content: "{{{{ config }}}}", owner: {user}, group: {group},
+              validate: "{python} -m json.tool %s"}}
+          - {{dest: "{tmp}/root/kept", content: "{{{{ kept | default('first') }}}}", force: false, owner: {user},
+              group: {group}}}
+          - {{dest: "{tmp}/root/plans/a.conf", content: "a", owner: {user}, group: {group}}}
+        purge:
+          - {{path: "{tmp}/root/plans", pattern: "*.conf"}}
+        absent:
+          - "{tmp}/root/old-file"
+          - "{tmp}/root/old-dir"
+      register: installed
+
+    - name: Save the result
+      ansible.builtin.copy:
+        content: "{{{{ installed | to_json }}}}"
+        dest: "{tmp}/result.json"
+        mode: "0600"
+      check_mode: false
+"""
+
+
+def test_validate_force_purge_and_absent(box: Path) -> None:
+    fmt = dict(tmp=box, python=sys.executable, user=pwd.getpwuid(os.getuid()).pw_name,
+               group=grp.getgrgid(os.getgid()).gr_name)
+    (box / "plan.yml").write_text(PLAN.format(**fmt))
+    root = box / "root"
+    (root / "old-dir/inner").mkdir(parents=True)
+    (root / "old-dir/inner/x").write_text("x")
+    (root / "old-file").write_text("old")
+    first = play(box, playbook="plan.yml")[1]
+    assert first["changed_paths"] == [str(root / p) for p in ("plans", "config.json", "kept", "plans/a.conf",
+                                                              "old-file", "old-dir")]
+    assert not (root / "old-file").exists() and not (root / "old-dir").exists()
+    assert json.loads((root / "config.json").read_text()) == {"port": 1}
+    assert play(box, playbook="plan.yml")[1]["changed_paths"] == []
+
+    # a file kept once written is not replaced; plans no longer listed go (other names stay); check mode reports
+    (root / "plans/b.conf").write_text("b")
+    (root / "plans/notes.txt").write_text("n")
+    (root / "old-file").write_text("back")
+    out, checked = play(box, "--check", "--diff", "-e", "kept=second", playbook="plan.yml")
+    assert checked["changed_paths"] == [str(root / "plans/b.conf"), str(root / "old-file")]
+    assert (root / "plans/b.conf").exists() and (root / "old-file").exists() and '"state": "absent"' in out
+    second = play(box, "-e", "kept=second", playbook="plan.yml")[1]
+    assert second["changed_paths"] == [str(root / "plans/b.conf"), str(root / "old-file")]
+    assert (root / "kept").read_text() == "first" and (root / "plans/notes.txt").exists()
+    assert sorted(p.name for p in (root / "plans").iterdir()) == ["a.conf", "notes.txt"]
+
+    # content that fails validation fails the task, names the file and leaves it as it was
+    out = play(box, "-e", "config=not-json", playbook="plan.yml", ok=False)[0]
+    assert f"{root}/config.json: the new content failed validation" in out
+    assert json.loads((root / "config.json").read_text()) == {"port": 1}
+    assert not [p for p in root.iterdir() if p.name.startswith(".")], "a temporary file was left behind"
