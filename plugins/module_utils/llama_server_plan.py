@@ -86,20 +86,22 @@ def _facts(module: Any) -> dict:
     raise AssertionError("fail_json returned")  # pragma: no cover
 
 
-def read_recorded_keep(module: Any) -> dict:
-    """The ``keep`` entry of the plan recorded at ``recorded_plan`` (empty when there is none or it is unreadable:
-    then the split is planned afresh, with a warning for a file that cannot be read)."""
+def read_recorded(module: Any) -> dict:
+    """``identity`` and ``keep`` of the plan recorded at ``recorded_plan`` (empty when there is none or it is
+    unreadable: then the split is planned afresh, with a warning for a file that cannot be read); the role compares
+    them with the new plan's to decide whether to record it again, without reading the file a second time."""
     path = module.params.get("recorded_plan")
     if not path or not os.path.exists(path):
-        return {}
+        return {"identity": "", "keep": {}}
     try:
         with open(path, "rb") as handle:
             recorded = json.loads(handle.read().decode("utf-8"))
     except (OSError, ValueError) as exc:
         module.warn("recorded_plan %s cannot be read (%s): the split is planned afresh" % (path, exc))
-        return {}
-    keep = recorded.get("keep") if isinstance(recorded, dict) else None
-    return keep if isinstance(keep, dict) else {}
+        return {"identity": "", "keep": {}}
+    recorded = recorded if isinstance(recorded, dict) else {}
+    keep = recorded.get("keep")
+    return {"identity": recorded.get("identity") or "", "keep": keep if isinstance(keep, dict) else {}}
 
 
 def _plan_over(params: dict, facts: dict, workers: list, keep: dict | None = None) -> dict:
@@ -229,9 +231,10 @@ def run_rpc_plan(module: Any) -> dict:
     """Plan, render and write as the module's parameters ask; the result to exit with (fails through ``module``)."""
     params = module.params
     facts = _facts(module)
-    keep = read_recorded_keep(module)
+    recorded = read_recorded(module)
+    keep = json.loads(json.dumps(recorded["keep"]))
     plan = _plan(module, facts, keep)
-    result = {"changed": False, "plan": plan, "explain": plan["explanation"], "argv": [], "unit": "",
+    result = {"changed": False, "plan": plan, "recorded": recorded, "explain": plan["explanation"], "argv": [], "unit": "",
               "gate_workers": plan_workers(plan["devices"]), "degraded": [], "gate_degrade": degrade_plans([])}
     for warning in plan["warnings"]:
         module.warn(warning)

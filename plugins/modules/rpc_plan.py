@@ -312,6 +312,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+recorded:
+  description: C(identity) and C(keep) of the plan recorded at O(recorded_plan) as this run read it (an empty
+    identity and keep when it is unset, absent or unreadable), to compare with RV(plan).
+  returned: always
+  type: dict
 plan:
   description: The split plan.
   returned: always

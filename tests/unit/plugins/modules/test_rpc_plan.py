@@ -381,6 +381,7 @@ def test_the_recorded_plan_is_kept_while_it_fits(tmp_path: Path, capsys: pytest.
     workers = [dict(WORKERS[0], devices=[cpu(300)]), dict(WORKERS[1], devices=[cpu(700)])]
     rc, first = run_module(render_args(unit, degrade=True, workers=workers, recorded_plan=str(recorded)), capsys)
     assert rc == 0 and first["changed"] is True and first["plan"]["keep"]["degraded"]
+    assert first["recorded"] == {"identity": "", "keep": {}}
     recorded.write_text(json.dumps(first["plan"]))  # as the role records it
     # the next run measures a little more on lab2 and a little less on lab3
     moved = [dict(WORKERS[0], devices=[cpu(320)]), dict(WORKERS[1], devices=[cpu(680)])]
@@ -390,6 +391,8 @@ def test_the_recorded_plan_is_kept_while_it_fits(tmp_path: Path, capsys: pytest.
     assert rc == 0 and again["changed"] is False, again.get("diff")
     assert again["plan"]["tensor_split"] == first["plan"]["tensor_split"]
     assert again["plan"]["keep"] == first["plan"]["keep"]
+    # what it read, for the role to compare without reading the file again
+    assert again["recorded"] == {"identity": first["plan"]["identity"], "keep": first["plan"]["keep"]}
     assert [e["dropin"] for e in again["degraded"]] == [e["dropin"] for e in first["degraded"]]
     # a recorded plan that cannot be read is a warning, and the split is planned afresh
     recorded.write_text("{not json")
@@ -397,6 +400,7 @@ def test_the_recorded_plan_is_kept_while_it_fits(tmp_path: Path, capsys: pytest.
                                         recorded_plan=str(recorded)), capsys)
     assert rc == 0 and unread["plan"]["tensor_split"] == fresh["plan"]["tensor_split"]
     assert any("cannot be read" in warning for warning in warning_messages(unread)), unread.get("warnings")
+    assert unread["recorded"] == {"identity": "", "keep": {}}
 
 
 @pytest.fixture()
