@@ -193,9 +193,10 @@ def test_the_dashboard_is_provisionable() -> None:
     assert targets and all(t["datasource"] == {"type": "prometheus", "uid": "${datasource}"} for t in targets)
 
 
-def _render(text: Any) -> Any:
+def _render(text: Any, variables: dict[str, Any] | None = None) -> Any:
     """A role's Jinja expression evaluated with the collection's own constants and host_package_files filter (the
-    other variables undefined), as Ansible would: how the tests below read what a host_files task installs."""
+    other variables undefined, but for ``variables``, as the role's vars/main.yml has them), as Ansible would: how
+    the tests below read what a host_files task installs."""
     env = jinja2.Environment()
     env.filters["llamafleet.cluster.host_package_files"] = host_package_files
     table = c.as_dict()
@@ -208,8 +209,8 @@ def _render(text: Any) -> Any:
     if not isinstance(text, str):
         return text
     if text.strip().startswith("{{") and text.strip().endswith("}}") and text.count("{{") == 1:
-        return env.compile_expression(text.strip()[2:-2])(lookup=lookup, role_path="ROLE")
-    return env.from_string(text).render(lookup=lookup, role_path="ROLE")
+        return env.compile_expression(text.strip()[2:-2])(lookup=lookup, role_path="ROLE", **(variables or {}))
+    return env.from_string(text).render(lookup=lookup, role_path="ROLE", **(variables or {}))
 
 
 def _copies(path: Path) -> dict[str, str]:
@@ -218,9 +219,11 @@ def _copies(path: Path) -> dict[str, str]:
     tasks = _yaml(path)
     tasks = tasks + [t for block in tasks for t in block.get("block", [])]
     assert not [t for t in tasks if "ansible.builtin.copy" in t and "module_utils" in str(t)], path
+    role_vars = path.parent.parent / "vars" / "main.yml"
+    variables = _yaml(role_vars) if role_vars.exists() else {}
     copies = {}
     for task in (t for t in tasks if "llamafleet.cluster.host_files" in t):
-        files = _render(task["llamafleet.cluster.host_files"]["files"])
+        files = _render(task["llamafleet.cluster.host_files"]["files"], variables)
         for item in files:
             dest = _render(item["dest"])
             if isinstance(dest, str):  # not a role variable, left undefined here
