@@ -25,12 +25,13 @@ Stdlib only: shared by the Ansible modules (module_utils) and the
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 from .backends import BACKENDS, LINUX_BACKENDS
 from .constants import GROUP_BACKEND_PREFIX, MACOS_UNSUPPORTED
-from .gpu_probe import ReadText, Runner, Which
+from .gpu_probe import ReadText, Runner, Which, read_text_file
 
 Exists = Callable[[str], bool]                              # path -> whether it exists
 ListDir = Callable[[str], Optional[list]]                   # directory -> entry names, or None
@@ -173,3 +174,16 @@ def backend_problem(backend: str, facts: Mapping[str, Any], group_names: Iterabl
     if backend not in BACKENDS:
         return "%s=%s is not a known backend; choose one of %s." % (VARIABLE, backend, ", ".join(SERVED_BACKENDS))
     return group_problem(backend, group_names) or host_problem(backend, facts)
+
+
+def _listdir(path: str) -> list | None:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return None
+
+
+def check_this_host(backend: str, group_names: Iterable[str], run: Runner, which: Which) -> dict[str, Any]:
+    """``{facts, problem}`` of the host this runs on (``run`` and ``which`` from the module) for ``backend``."""
+    facts = probe_backend_facts(run, which, read_text_file, os.path.exists, _listdir)
+    return {"facts": facts, "problem": backend_problem(backend, facts, group_names)}

@@ -86,29 +86,16 @@ problem:
     (and the CUDA toolkit on build hosts), or choose another backend.
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.llamafleet.cluster.plugins.module_utils.backend_checks import (
-    backend_problem,
-    probe_backend_facts,
-)
-from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_probe import read_text_file
+from ansible_collections.llamafleet.cluster.plugins.module_utils.backend_checks import check_this_host
 
 
 def run_module(module: AnsibleModule) -> dict:
     def run(argv: list) -> tuple:
         return module.run_command(argv, environ_update={"LC_ALL": "C"})
 
-    def listdir(path: str):
-        try:
-            return os.listdir(path)
-        except OSError:
-            return None
-
-    facts = probe_backend_facts(run, module.get_bin_path, read_text_file, os.path.exists, listdir)
-    problem = backend_problem(module.params["backend"], facts, module.params["groups"])
-    return {"changed": False, "facts": facts, "problem": problem}
+    return dict(check_this_host(module.params["backend"], module.params["groups"], run, module.get_bin_path),
+                changed=False)
 
 
 def main() -> None:

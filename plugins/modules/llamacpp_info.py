@@ -107,58 +107,23 @@ commit:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.llamafleet.cluster.plugins.module_utils.constants import RPC_SERVER_BINARIES
-from ansible_collections.llamafleet.cluster.plugins.module_utils.llama_flags import (
-    LLAMA_SERVER_BINARIES,
-    FlagError,
-    detect_features,
-    pick_binary,
+from ansible_collections.llamafleet.cluster.plugins.module_utils.llamacpp_host import (
+    BuildInspectError,
+    inspect_bin_dir,
 )
 
 
 def run_module(module: AnsibleModule) -> dict:
     bin_dir = module.params["bin_dir"] or os.path.join(module.params["prefix"], "bin")
-    if not os.path.isdir(bin_dir):
-        module.fail_json(msg="bin_dir %s is not a directory (build llama.cpp first)" % bin_dir)
-    names = [n for n in os.listdir(bin_dir) if os.access(os.path.join(bin_dir, n), os.X_OK)]
-    server_name = pick_binary(names, LLAMA_SERVER_BINARIES)
-    rpc_name = pick_binary(names, RPC_SERVER_BINARIES)
-    missing = [what for what, found in (("llama_server", server_name), ("rpc_server", rpc_name))
-               if what in module.params["require"] and not found]
-    if missing:
-        module.fail_json(msg="%s has no %s (looked for %s)" % (
-            bin_dir, " and no ".join(missing),
-            ", ".join((LLAMA_SERVER_BINARIES if m == "llama_server" else RPC_SERVER_BINARIES)[0] for m in missing)))
 
-    def output(path: str, flag: str) -> str:
-        # rpc-server prints its usage to stderr; llama-server --version prints to stderr too.
-        rc, out, err = module.run_command([path, flag], environ_update={"LC_ALL": "C"})
-        if rc != 0:
-            module.fail_json(msg="%s %s failed (rc=%d): %s" % (path, flag, rc, (err or out).strip()[-500:]))
-        return out + err
+    def run(argv: list) -> tuple:
+        return module.run_command(argv, environ_update={"LC_ALL": "C"})
 
-    server_path = os.path.join(bin_dir, server_name) if server_name else None
-    rpc_path = os.path.join(bin_dir, rpc_name) if rpc_name else None
     try:
-        features = detect_features(
-            server_help=output(server_path, "--help") if server_path else None,
-            rpc_help=output(rpc_path, "--help") if rpc_path else None,
-            version_text=output(server_path, "--version") if server_path else None,
-        )
-    except FlagError as exc:
+        found = inspect_bin_dir(bin_dir, run, module.params["require"])
+    except BuildInspectError as exc:
         module.fail_json(msg=str(exc))
-    version = features["version"] or {}
-    return {
-        "changed": False,
-        "bin_dir": bin_dir,
-        "llama_server": server_name,
-        "llama_server_path": server_path,
-        "rpc_server": rpc_name,
-        "rpc_server_path": rpc_path,
-        "features": features,
-        "version": version.get("version") or (str(version["build"]) if version.get("build") else None),
-        "commit": version.get("commit"),
-    }
+    return dict(found, changed=False)
 
 
 def main() -> None:
