@@ -105,14 +105,34 @@ PLAYBOOK = """\
                       'running': _llamacpp_build_running, 'id': _llamacpp_build_id}} | to_json }}}}"
         dest: {tmp}/results.json
         mode: "0644"
+
+- name: Deploy with a wrong archive URL
+  hosts: box
+  gather_facts: false
+  vars:
+    <<: *settings
+    llamacpp_build_archive_url: http://127.0.0.1:{port}/missing.tar.gz
+  tasks:
+    - name: Run the role's preflight
+      block:
+        - name: Check the host
+          ansible.builtin.include_role:
+            name: llamafleet.cluster.llamacpp_build
+            tasks_from: preflight
+      rescue:
+        - name: Save the refusal
+          ansible.builtin.copy:
+            content: "{{{{ ansible_failed_result.msg }}}}"
+            dest: {tmp}/refused.txt
+            mode: "0644"
 """
 
 
 class _Archive(BaseHTTPRequestHandler):
-    heads = 0
+    heads: list[str] = []
 
     def do_HEAD(self) -> None:  # noqa: N802 (http.server's name)
-        type(self).heads += 1
+        self.heads.append(self.path)
         self.send_response(200 if self.path == "/src.tar.gz" else 404)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -151,7 +171,7 @@ def test_one_read_and_one_archive_question(converged) -> None:
               if r["status"] != "skipped" and r["action"] not in CONTROLLER and r["task"] != "Save what the role published"]
     assert remote == [("Read this host's llama.cpp builds, backend and packages", "llamacpp_build_facts"),
                       ("Check the source archive is reachable", "uri")], remote
-    assert heads == 1
+    assert heads == ["/src.tar.gz", "/missing.tar.gz"]
     assert not [r for r in runs if r["status"] in ("changed", "failed") and r["task"] != "Save what the role published"]
 
 
@@ -174,3 +194,11 @@ def test_the_published_build(converged) -> None:
     assert info["features"]["llama_server"]["rpc"] is True and info["features"]["rpc_server"]["cache"] is True
     assert info["features"]["version"]["version"], info["features"]["version"]
     assert info["backend"] == "cpu" and info["bin_dir"].endswith("/bin")
+
+
+def test_a_wrong_archive_url_is_refused_where_the_build_is_installed(converged) -> None:
+    tmp, _, res, _ = converged
+    refused = (tmp / "refused.txt").read_text()
+    assert refused.startswith("box: llamacpp_build_archive_url=http://127.0.0.1:"), refused
+    assert "/missing.tar.gz is unreachable (" in refused and "status 404" in refused, refused
+    assert os.readlink(tmp / "root" / "current") == res["id"]
