@@ -134,4 +134,3 @@ def version_dirs(root: str, entries: Iterable[tuple[str, bool, float]]) -> list[
     found = [{"path": os.path.join(root, name), "mtime": mtime}
              for name, is_dir, mtime in entries if is_dir and not name.startswith(".")]
     return sorted(found, key=lambda d: (-d["mtime"], d["path"]))
-

@@ -22,6 +22,13 @@ BIN = Path(sys.executable).parent
 CONTROLLER = {"set_fact", "assert", "debug", "fail", "include_tasks", "include_role", "include_vars", "meta",
               "validate_argument_spec"}
 
+# llama-server and the rpc-server as stand-ins that print llama.cpp's recorded texts (to stderr where it does).
+STUBS = {
+    "llama-server": '#!/bin/sh\ncase "$1" in\n  --help) cat {fixtures}/llama-server_0c1e570_help_real.txt ;;\n'
+                    '  --version) cat {fixtures}/llama-server_0c1e570_version_real.txt >&2 ;;\nesac\n',
+    "ggml-rpc-server": "#!/bin/sh\ncat {fixtures}/ggml-rpc-server_0c1e570_help_real.txt >&2\n",
+}
+
 COUNTER = '''
 import json, os
 from ansible.plugins.callback import CallbackBase
@@ -85,9 +92,7 @@ PLAYBOOK = """\
         mkdir -p $b/bin {tmp}/root/old-a {tmp}/root/old-b
         touch -d '2026-01-01' {tmp}/root/old-a
         touch -d '2026-02-01' {tmp}/root/old-b
-        printf '#!/bin/sh\\ncase "$1" in --help) cat {fixtures}/llama-server_0c1e570_help_real.txt;;\\n--version) cat {fixtures}/llama-server_0c1e570_version_real.txt >&2;; esac\\n' > $b/bin/llama-server
-        printf '#!/bin/sh\\ncat {fixtures}/ggml-rpc-server_0c1e570_help_real.txt >&2\\n' > $b/bin/ggml-rpc-server
-        chmod 755 $b/bin/*
+        cp -a {tmp}/stubs/. $b/bin/
         echo '{{"version": "b-test", "rpc_server": "ggml-rpc-server", "rpc_hash_threshold": 10485760, "rpc_protocol": 3}}' > $b/BUILDINFO.json
         ln -sfn {{{{ _llamacpp_build_id }}}} {tmp}/root/current
       changed_when: true
@@ -146,12 +151,15 @@ def converged(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("build")
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Archive)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    (tmp / "stubs").mkdir()
+    for name, body in STUBS.items():
+        (tmp / "stubs" / name).write_text(body.format(fixtures=FIXTURES))
+        (tmp / "stubs" / name).chmod(0o755)
     (tmp / "callbacks").mkdir()
     (tmp / "callbacks" / "task_runs.py").write_text(COUNTER)
     (tmp / "hosts.ini").write_text("[llamafleet]\nbox ansible_connection=local ansible_python_interpreter=%s\n"
                                    % sys.executable)
-    (tmp / "play.yml").write_text(PLAYBOOK.format(tmp=tmp, port=server.server_address[1], sha="ab" * 32,
-                                                  fixtures=FIXTURES))
+    (tmp / "play.yml").write_text(PLAYBOOK.format(tmp=tmp, port=server.server_address[1], sha="ab" * 32))
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
     env.update(ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1", TASK_RUNS=str(tmp / "runs.json"),
                ANSIBLE_CALLBACK_PLUGINS=str(tmp / "callbacks"), ANSIBLE_CALLBACKS_ENABLED="task_runs",
@@ -160,13 +168,13 @@ def converged(tmp_path_factory: pytest.TempPathFactory):
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     runs = [r for r in json.loads((tmp / "runs.json").read_text()) if r["play"] == "Deploy again"]
-    yield tmp, runs, json.loads((tmp / "results.json").read_text()), _Archive.heads
+    yield {"tmp": tmp, "runs": runs, "res": json.loads((tmp / "results.json").read_text()), "heads": _Archive.heads}
     server.shutdown()
     server.server_close()
 
 
 def test_one_read_and_one_archive_question(converged) -> None:
-    _, runs, _, heads = converged
+    runs, heads = converged["runs"], converged["heads"]
     remote = [(r["task"], r["action"]) for r in runs
               if r["status"] != "skipped" and r["action"] not in CONTROLLER and r["task"] != "Save what the role published"]
     assert remote == [("Read this host's llama.cpp builds, backend and packages", "llamacpp_build_facts"),
@@ -176,7 +184,7 @@ def test_one_read_and_one_archive_question(converged) -> None:
 
 
 def test_the_link_and_the_versions_stay(converged) -> None:
-    tmp, runs, res, _ = converged
+    tmp, runs, res = converged["tmp"], converged["runs"], converged["res"]
     skipped = {r["task"] for r in runs if r["status"] == "skipped"}
     assert {"Point current at the new build", "Compile llama.cpp", "Remove versions beyond llamacpp_build_keep_versions",
             "Read the host again after the install"} <= skipped, skipped
@@ -186,7 +194,7 @@ def test_the_link_and_the_versions_stay(converged) -> None:
 
 
 def test_the_published_build(converged) -> None:
-    tmp, _, res, _ = converged
+    tmp, res = converged["tmp"], converged["res"]
     info = res["info"]
     assert info["build_id"] == res["id"] and info["prefix"] == "%s/root/%s" % (tmp, res["id"])
     assert info["version"] == "b-test" and info["rpc_server"] == "ggml-rpc-server"
@@ -197,7 +205,7 @@ def test_the_published_build(converged) -> None:
 
 
 def test_a_wrong_archive_url_is_refused_where_the_build_is_installed(converged) -> None:
-    tmp, _, res, _ = converged
+    tmp, res = converged["tmp"], converged["res"]
     refused = (tmp / "refused.txt").read_text()
     assert refused.startswith("box: llamacpp_build_archive_url=http://127.0.0.1:"), refused
     assert "/missing.tar.gz is unreachable (" in refused and "status 404" in refused, refused
