@@ -123,4 +123,3 @@ def test_check_mode_on_a_bare_host_writes_nothing(box: Path) -> None:
 def test_missing_directory_is_named(box: Path) -> None:
     out = play(box, playbook="missing.yml", ok=False)[0]
     assert f"its directory {box}/nowhere does not exist" in out
-

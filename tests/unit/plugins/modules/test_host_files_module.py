@@ -38,8 +38,8 @@ def test_validate_force_purge_and_absent(tmp_path: Path, capsys: pytest.CaptureF
     (root / "old-dir/inner/x").write_text("x")
     (root / "old-file").write_text("old")
     rc, first = run_main(host_files.main, args(root), capsys)
-    assert rc == 0 and first["changed_paths"] == [str(root / p) for p in ("plans", "config.json", "kept",
-                                                                         "plans/a.conf", "old-file", "old-dir")]
+    expected = [str(root / p) for p in ("plans", "config.json", "kept", "plans/a.conf", "old-file", "old-dir")]
+    assert rc == 0 and first["changed_paths"] == expected
     assert not (root / "old-file").exists() and not (root / "old-dir").exists()
     assert json.loads((root / "config.json").read_text()) == {"port": 1}
     rc, again = run_main(host_files.main, args(root), capsys)
