@@ -96,22 +96,29 @@ def host_cgroups(name: str) -> list[Path]:
     return [root / CGROUP_PARENT / name for root in systemd_cgroup_roots()]
 
 
-def remove_cgroups(name: str | None = None) -> list[Path]:
-    """Remove the (empty) cgroups of host ``name``, or of every lab host; return those still present."""
-    left = []
-    for root in systemd_cgroup_roots():
-        top = root / CGROUP_PARENT / name if name else root / CGROUP_PARENT
-        if not top.is_dir():
-            continue
-        # cgroupfs directories go with rmdir only, children first.
+def remove_cgroup_tree(top: Path, wait: float = 10.0) -> bool:
+    """Remove cgroup directory ``top`` and those below it; True once it is gone.
+
+    cgroupfs directories go with rmdir only, children first, and only once their last process has left: a host just
+    stopped may still have processes exiting, so this tries again for up to ``wait`` seconds.
+    """
+    deadline = time.monotonic() + wait
+    while top.is_dir():
         for directory in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
             with contextlib.suppress(OSError):
                 directory.rmdir()
         with contextlib.suppress(OSError):
             top.rmdir()
-        if top.exists():
-            left.append(top)
-    return left
+        if not top.exists() or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    return not top.exists()
+
+
+def remove_cgroups(name: str | None = None) -> list[Path]:
+    """Remove the (empty) cgroups of host ``name``, or of every lab host; return those still present."""
+    return [top for root in systemd_cgroup_roots()
+            if not remove_cgroup_tree(root / CGROUP_PARENT / name if name else root / CGROUP_PARENT)]
 
 
 def start_machine(host: LabHost, root: Path, console_log: Path, timeout: float = 10.0,

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .machines import CGROUP_PARENT
+from .machines import CGROUP_PARENT, remove_cgroup_tree
 from .system import LabError, current_mounts
 
 MIB = 1024 * 1024
@@ -209,11 +209,4 @@ def remove_memory_cgroups(name: str | None = None) -> None:
     hierarchy = memory_hierarchy()
     if hierarchy is None or hierarchy.version == 2:
         return
-    top = hierarchy.host_dir(name) if name else hierarchy.parent
-    if not top.is_dir():
-        return
-    for directory in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-        with contextlib.suppress(OSError):
-            directory.rmdir()
-    with contextlib.suppress(OSError):
-        top.rmdir()
+    remove_cgroup_tree(hierarchy.host_dir(name) if name else hierarchy.parent)

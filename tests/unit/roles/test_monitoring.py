@@ -223,7 +223,8 @@ def _copies(path: Path) -> dict[str, str]:
     variables = _yaml(role_vars) if role_vars.exists() else {}
     copies = {}
     for task in (t for t in tasks if "llamafleet.cluster.host_files" in t):
-        files = _render(task["llamafleet.cluster.host_files"]["files"], variables)
+        # the task's own vars as written (expressions over registered results are not evaluated here)
+        files = _render(task["llamafleet.cluster.host_files"]["files"], {**variables, **task.get("vars", {})})
         for item in files:
             dest = _render(item["dest"])
             if isinstance(dest, str):  # not a role variable, left undefined here
