@@ -38,9 +38,7 @@ from llamafleet.bench.measure import stream_completion
 from llamafleet.cluster import Endpoint, api_key_of, read_plan
 from llamafleet.core import constants
 from llamafleet.fleet import Fleet
-from llamafleet.lab import LabPaths
-from llamafleet.lab.artifacts import BIG_MODEL, big_model_extra_vars, ensure_artifact
-from llamafleet.lab.mirror import mirror_url, publish
+from llamafleet.lab.artifacts import big_model_on_mirror
 from tests.helpers import INVENTORY, cli, inventory_variant, playbook
 
 RUNS = 3
@@ -94,16 +92,10 @@ def main() -> int:
     parser.add_argument("--big", action="store_true", help="the synthetic 6.41 GiB model instead of gemma")
     args = parser.parse_args()
     cli("lab", "up", "--hosts", "3", timeout=1200)
-    extra: list[str] = []
-    if args.big:
-        path = ensure_artifact(BIG_MODEL, LabPaths.default().root)
-        publish(path, BIG_MODEL.subdir)
-        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
-            json.dump(big_model_extra_vars(mirror_url(BIG_MODEL.subdir, BIG_MODEL.name)), handle)
-        extra = ["-e", f"@{handle.name}"]
     fleet = Fleet.from_inventory(INVENTORY)
     figures: dict[str, object] = {"model": "big" if args.big else "gemma"}
     with tempfile.TemporaryDirectory(prefix="llamafleet-orchestrator-cpu-") as tmp:
+        extra = ["-e", f"@{big_model_on_mirror(Path(tmp))}"] if args.big else []
         local_layers = 0
         for name in ("local-rpc", "cpu-layers"):
             if name == "local-rpc":

@@ -61,36 +61,43 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> No
     raise SystemExit("llama-server was not healthy within %.0f s" % timeout)
 
 
-def measure_ceiling(clients: int, seconds: float, threads: int) -> dict:
-    """One llama-server with the lab's own build and model, ``clients`` slots on a unified cache, no RPC: 1 client
-    and ``clients`` clients for ``seconds`` each. Returns ``{"threads", "ratio", "steps": {1: ..., clients: ...}}``."""
+def measure_ceiling(clients: int, seconds: float, threads: int, model: Path | None = None, ctx: int | None = None,
+                    cache_type: str | None = None, timeout: float = 120.0) -> dict:
+    """One llama-server with the lab's own build and ``model`` (the lab's gemma by default), ``clients`` slots on a
+    unified cache of ``ctx`` tokens (512 a slot by default) with ``cache_type`` K and V (llama.cpp's default f16), no
+    RPC: 1 client and ``clients`` clients for ``seconds`` each, each request bounded by ``timeout``. Returns
+    ``{"threads", "ctx", "model", "ratio", "steps": {1: ..., clients: ...}}``."""
     cache = cache_root()
     # the lab's own release and model, as the cluster it is compared with runs them (not whatever was built last)
     artifacts = sorted((cache / "artifacts").glob(f"{LLAMA_CPP_COMMIT[:12]}-cpu-*.tar.gz"), key=lambda p: p.stat().st_mtime)
-    models = [MODEL.path(cache)] if MODEL.path(cache).is_file() else []
-    if not artifacts or not models:
-        raise SystemExit(f"no CPU build of {LLAMA_CPP_COMMIT[:12]} in {cache}/artifacts or no {MODEL.name} in "
-                         f"{cache}/models: run make e2e-test first")
+    model = model or MODEL.path(cache)
+    if not artifacts or not model.is_file():
+        raise SystemExit(f"no CPU build of {LLAMA_CPP_COMMIT[:12]} in {cache}/artifacts or no {model}: run make "
+                         "e2e-test first")
+    ctx = ctx or 512 * clients
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(artifacts[-1]) as tar:
             tar.extractall(tmp, filter="data")
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        argv = [f"{tmp}/bin/llama-server", "-m", str(models[0]), "--host", "127.0.0.1", "--port", str(port),
-                "-np", str(clients), "-c", str(512 * clients), "--kv-unified", "-t", str(threads)]
+        argv = [f"{tmp}/bin/llama-server", "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+                "-np", str(clients), "-c", str(ctx), "--kv-unified", "-t", str(threads)]
+        if cache_type:
+            argv += ["-ctk", cache_type, "-ctv", cache_type]
         print(f"==> {' '.join(argv[1:])} ({artifacts[-1].name})", flush=True)
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            wait_healthy(url, proc)
-            stream_completion(url, n_predict=8)  # warm up
-            steps = {n: sweep(lambda: stream_completion(url, n_predict=N_PREDICT, timeout=120), n,
+            wait_healthy(url, proc, timeout=max(120.0, timeout))
+            stream_completion(url, n_predict=8, timeout=timeout)  # warm up
+            steps = {n: sweep(lambda: stream_completion(url, n_predict=N_PREDICT, timeout=timeout), n,
                               duration_s=seconds) for n in (1, clients)}
         finally:
             proc.terminate()
             proc.wait(timeout=30)
     one, many = steps[1], steps[clients]
     ratio = many.aggregate_tok_s / one.aggregate_tok_s if one.aggregate_tok_s else 0.0
-    return {"threads": threads, "ratio": ratio, "steps": {n: asdict(s) for n, s in steps.items()}}
+    return {"threads": threads, "ctx": ctx, "model": model.name, "ratio": ratio,
+            "steps": {n: asdict(s) for n, s in steps.items()}}
 
 
 def main() -> int:

@@ -17,6 +17,11 @@ lab's inventory sets a smaller context, -lv 5 and one thread per worker for its 
 those extra variables; `--ceiling` also measures benchmarks.serving_ceiling in the same run and prints each
 variant's 16/1 ratio against the ceiling's (issue 24's goal: at least 0.9).
     python -m benchmarks.serving_load --hosts 5 --soak 600 --clients 16 --json soak.json
+    python -m benchmarks.serving_load --big --role-defaults --variant base --ceiling
+
+`--big` serves the synthetic 6.41 GiB model (``llamafleet.lab.artifacts.BIG_MODEL``, its Q8_0 KV cache) over the
+lab's hosts of 4 GiB each, instead of gemma, and its ceiling is that model in one llama-server with no limit, at the
+cluster's context and KV type; each request may take up to 15 minutes.
 
 Needs root and the lab (`llamafleet lab up --hosts N` is run if it is not up). Targets: with the planned
 slots, 16 clients give at least 2x the single client's tok/s with 0 errors; the soak ends with 0 errors.
@@ -27,8 +32,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -38,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 from llamafleet.bench.measure import stream_completion, sweep
 from llamafleet.cluster import Endpoint, read_plan
 from llamafleet.fleet import Fleet
+from llamafleet.lab.artifacts import big_model_on_mirror
 from llamafleet.lab.paths import cache_root
 
 BIN = Path(sys.executable).parent
@@ -60,9 +68,9 @@ def deploy(*extra: str) -> None:
     run(str(BIN / "ansible-playbook"), "-i", str(INVENTORY), str(ROOT / "playbooks" / "deploy.yml"), *extra)
 
 
-def step(endpoint: Endpoint, clients: int, seconds: float) -> dict:
+def step(endpoint: Endpoint, clients: int, seconds: float, timeout: float = 120.0) -> dict:
     result = sweep(lambda: stream_completion(endpoint.url, n_predict=N_PREDICT, api_key=endpoint.api_key,
-                                             timeout=120.0), clients, duration_s=seconds)
+                                             timeout=timeout), clients, duration_s=seconds)
     return asdict(result)
 
 
@@ -110,6 +118,7 @@ def main() -> int:
     parser.add_argument("--variant", action="append", default=[],
                         help="LABEL[=VAR=VALUE ...]: one deploy with these variables (instead of --slots)")
     parser.add_argument("--ceiling", action="store_true", help="also measure benchmarks.serving_ceiling")
+    parser.add_argument("--big", action="store_true", help="the synthetic 6.41 GiB model instead of gemma")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -118,8 +127,13 @@ def main() -> int:
     results: dict = {"hosts": args.hosts, "clients": args.clients, "n_predict": N_PREDICT, "runs": []}
     lines = ["| slots | 1 client tok/s | clients | aggregate tok/s | x 1 client | p50 s | p95 s | TTFT p95 s "
              "| requests | errors |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    timeout = 900.0 if args.big else 120.0
+    folder = Path(tempfile.mkdtemp(prefix="llamafleet-serving-load-"))
+    # the big model's variables first: --role-defaults' context and the variants' settings come after, and win
+    model = ["-e", f"@{big_model_on_mirror(folder)}"] if args.big else []
+    plan: dict = {}
     try:
-        base = role_defaults() if args.role_defaults else []
+        base = model + (role_defaults() if args.role_defaults else [])
         if args.variant:
             variants = [parse_variant(text) for text in args.variant]
         else:
@@ -136,24 +150,38 @@ def main() -> int:
             if name:
                 label = f"{name}: {label}"
             print(f"==> {label} slots, {len(plan['rpc'])} workers: 1 client for {args.seconds:.0f} s", flush=True)
-            one = step(endpoint, 1, args.seconds)
+            one = step(endpoint, 1, args.seconds, timeout)
             seconds = args.soak or args.seconds
             print(f"==> {args.clients} clients for {seconds:.0f} s", flush=True)
-            many = step(endpoint, args.clients, seconds)
+            many = step(endpoint, args.clients, seconds, timeout)
             results["runs"].append({"label": label, "deploy_vars": base + extra, "slots": plan["n_parallel"],
+                                    "ctx": plan["ctx_size"], "cache_type": plan["cache_type_k"],
                                     "planned": slots == 0, "workers": len(plan["rpc"]), "one": one, "many": many})
             lines.append(row_text(label, one, many))
             print(lines[-1], flush=True)
     finally:
         print("==> restoring the deployed default", flush=True)
         deploy()
+        shutil.rmtree(folder, ignore_errors=True)
     if args.ceiling:
         from benchmarks.serving_ceiling import measure_ceiling
 
-        ceiling = measure_ceiling(args.clients, args.seconds, os.cpu_count() or 1)
+        big = None
+        if args.big:
+            from llamafleet.lab import LabPaths
+            from llamafleet.lab.artifacts import BIG_MODEL
+
+            big = BIG_MODEL.path(LabPaths.default().root)
+        # the last variant's context and KV type, so the one server batches on the same cache as the cluster did
+        ceiling = measure_ceiling(args.clients, args.seconds, os.cpu_count() or 1, model=big,
+                                  ctx=plan.get("ctx_size") if args.big else None,
+                                  cache_type=plan.get("cache_type_k") if args.big else None, timeout=timeout)
         results["ceiling"] = ceiling
         lines.append("")
-        lines.append(f"ceiling (one llama-server, no RPC, {ceiling['threads']} threads): {ceiling['ratio']:.2f}x")
+        one_c, many_c = ceiling["steps"][1], ceiling["steps"][args.clients]
+        lines.append(f"ceiling ({ceiling['model']}, one llama-server, no RPC, {ceiling['threads']} threads, "
+                     f"-c {ceiling['ctx']}): 1 client {one_c['aggregate_tok_s']:.2f} tok/s, {args.clients} clients "
+                     f"{many_c['aggregate_tok_s']:.2f} tok/s ({many_c['errors']} errors): {ceiling['ratio']:.2f}x")
         for run_ in results["runs"]:
             one_tok, many_tok = run_["one"]["aggregate_tok_s"], run_["many"]["aggregate_tok_s"]
             ratio = many_tok / one_tok if one_tok else 0.0

@@ -93,6 +93,20 @@ def big_model_extra_vars(url: str) -> dict[str, object]:
             "llama_server_ctx_size": BIG_MODEL_CTX, "llama_server_cache_type": BIG_MODEL_KV_TYPE}
 
 
+def big_model_on_mirror(folder: Path) -> Path:
+    """Publish :data:`BIG_MODEL` (made or verified in the lab's cache first) on the lab mirror and write the
+    extra-vars file that deploys it (:func:`big_model_extra_vars`) into ``folder``; return that file (``-e @FILE``)."""
+    import json
+
+    from .mirror import publish
+    from .paths import LabPaths
+
+    url = publish(ensure_artifact(BIG_MODEL, LabPaths.default().root), BIG_MODEL.subdir)
+    path = Path(folder) / "big-model.json"
+    path.write_text(json.dumps(big_model_extra_vars(url)), encoding="utf-8")
+    return path
+
+
 def _make_big_model(dest: Path) -> None:
     from ..bench.synth import PRESETS, write_model  # noqa: PLC0415 (the generator, only when missing)
     write_model(dest, PRESETS["7b"])

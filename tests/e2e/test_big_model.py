@@ -10,7 +10,6 @@ big-model-test` runs it (not make test: about 11 minutes of moving 6.9 GB around
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
@@ -20,10 +19,9 @@ import pytest
 from llamafleet.cluster import Endpoint, read_plan, server_log
 from llamafleet.core.log_parse import buffers_against_plan, compare_with_plan, parse_load_log
 from llamafleet.lab import LabPaths
-from llamafleet.lab.artifacts import BIG_MODEL, BIG_MODEL_NAME, big_model_extra_vars, ensure_artifact
+from llamafleet.lab.artifacts import BIG_MODEL, BIG_MODEL_NAME, big_model_on_mirror
 from llamafleet.lab.core import DEFAULT_MEMORY_MIB
 from llamafleet.lab.memory import PEAK_RSS_COMMAND, oom_kills
-from llamafleet.lab.mirror import publish
 from tests.helpers import FIT_CHECK_TASK, MODEL_PLAY, playbook
 
 MIB = 1024 * 1024
@@ -33,11 +31,8 @@ MIB = 1024 * 1024
 def big_model(deployed, tmp_path_factory) -> Path:
     """An extra-vars file that deploys the big model, made and published on the lab mirror first."""
     started = time.monotonic()
-    path = ensure_artifact(BIG_MODEL, LabPaths.default().root)
-    url = publish(path, BIG_MODEL.subdir)
-    print(f"big model ready in {time.monotonic() - started:.0f} s: {url}")
-    extra = tmp_path_factory.mktemp("big") / "big-model.json"
-    extra.write_text(json.dumps(big_model_extra_vars(url)))
+    extra = big_model_on_mirror(tmp_path_factory.mktemp("big"))
+    print(f"big model ready in {time.monotonic() - started:.0f} s: {extra.read_text()}")
     return extra
 
 

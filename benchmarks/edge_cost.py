@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+# Copyright: llamafleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What the edge (Debian's HAProxy in front of the gate) costs a client: time to the first token and tok/s, paired.
+
+On the deployed lab with the edge on (the default), one process on the orchestrator streams completions to the gate
+on loopback and through the edge, one of each per round, the order swapped every round, so that whatever else the
+machine does weighs on both alike. Each round gives a pair; the figures are the medians of the pairs' differences
+(time to the first token) and ratios (tok/s), with a 95 % bootstrap interval of each median, beside the plain
+medians of each path. The issue's goal: the edge costs at most 1 % of tok/s and of time to the first token.
+
+    python -m benchmarks.edge_cost [--rounds 30] [--n-predict 64] [--json FILE]
+
+Needs root and the lab deployed with the edge (``make demo``, or ``llamafleet lab up`` and deploy.yml).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shlex
+import statistics
+import sys
+from pathlib import Path
+
+from llamafleet.cluster import Endpoint
+from llamafleet.core import constants
+from llamafleet.fleet import Fleet
+from tests.e2e.test_edge_lab import REMOTE, gate_config, ship
+from tests.helpers import INVENTORY
+
+# Runs on the orchestrator with its python3 (stdlib and the shipped llamafleet.bench.measure): one warm-up through
+# each path, then the rounds; prints {"gate": [[ok, ttft_s, tok_s], ...], "edge": [...]}.
+REMOTE_SCRIPT = """
+import json, sys
+from llamafleet.bench.measure import stream_completion
+urls = json.loads(sys.argv[1]); rounds = int(sys.argv[2]); n_predict = int(sys.argv[3])
+key = open(sys.argv[4]).read().split()[0]
+for url in urls.values():
+    stream_completion(url, n_predict=8, api_key=key, timeout=300)
+out = {name: [] for name in urls}
+for i in range(rounds):
+    for name in (list(urls) if i % 2 == 0 else list(urls)[::-1]):
+        r = stream_completion(urls[name], n_predict=n_predict, api_key=key, timeout=300)
+        out[name].append([r.ok, r.ttft_s, r.tok_s])
+print(json.dumps(out))
+"""
+
+
+def bootstrap_median(values: list[float], draws: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """A 95 % bootstrap interval of the median of ``values``."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
+
+
+def paired(gate: list[list], edge: list[list]) -> dict[str, float]:
+    """The pairs' figures: the medians of each path, the median of the pairs' tok/s ratios (edge / gate) and of
+    their differences in time to the first token (edge - gate), each with its 95 % interval."""
+    ratios = [e[2] / g[2] for g, e in zip(gate, edge) if g[2] and e[2]]
+    extra_ms = [(e[1] - g[1]) * 1000 for g, e in zip(gate, edge) if g[1] and e[1]]
+    gate_ttft = statistics.median(g[1] for g in gate)
+    return {
+        "gate_ttft_ms": gate_ttft * 1000, "edge_ttft_ms": statistics.median(e[1] for e in edge) * 1000,
+        "gate_tok_s": statistics.median(g[2] for g in gate), "edge_tok_s": statistics.median(e[2] for e in edge),
+        "tok_s_ratio": statistics.median(ratios), "tok_s_ratio_95": bootstrap_median(ratios),
+        "ttft_extra_ms": statistics.median(extra_ms), "ttft_extra_ms_95": bootstrap_median(extra_ms),
+        "ttft_extra_share": statistics.median(extra_ms) / (gate_ttft * 1000), "pairs": len(ratios),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--n-predict", type=int, default=64)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    fleet = Fleet.from_inventory(INVENTORY)
+    orch = fleet.orchestrator
+    config = gate_config(fleet)
+    edge = Endpoint.of(fleet)
+    gate = f"http://127.0.0.1:{config['listen_port']}"
+    if config.get("listen_host") not in ("127.0.0.1", "::1") or edge.url == gate:
+        sys.exit(f"{orch.name}: the gate listens on {config.get('listen_host')}:{config['listen_port']}: no edge in "
+                 "front of it (deploy with the edge, the default)")
+    urls = {"gate": gate, "edge": edge.url}
+    ship(fleet, [orch])
+    try:
+        out = fleet.run_one(
+            f"cd {REMOTE} && PYTHONPATH={REMOTE} python3 -c {shlex.quote(REMOTE_SCRIPT)} "
+            f"{shlex.quote(json.dumps(urls))} {args.rounds} {args.n_predict} {constants.API_KEY_PATH}", orch,
+            timeout=60 + args.rounds * 120)
+    finally:
+        fleet.run(f"rm -rf {REMOTE}", [orch])
+    runs = json.loads(out)
+    failed = {name: sum(1 for r in got if not r[0]) for name, got in runs.items()}
+    if any(failed.values()):
+        sys.exit(f"failed completions: {failed}")
+    figures = paired(runs["gate"], runs["edge"])
+    low, high = figures["tok_s_ratio_95"]
+    t_low, t_high = figures["ttft_extra_ms_95"]
+    print(f"what the edge costs ({orch.name} to itself, {figures['pairs']} rounds of one streamed {args.n_predict}-token "
+          "completion each way, the order swapped every round):")
+    print("| path | time to first token (median) | tok/s (median) |\n| --- | --- | --- |")
+    print(f"| gate on loopback | {figures['gate_ttft_ms']:.1f} ms | {figures['gate_tok_s']:.2f} |")
+    print(f"| through the edge | {figures['edge_ttft_ms']:.1f} ms | {figures['edge_tok_s']:.2f} |")
+    print(f"paired: tok/s edge / gate {figures['tok_s_ratio']:.4f} (95 % interval {low:.4f} to {high:.4f}); "
+          f"time to first token {figures['ttft_extra_ms']:+.2f} ms through the edge "
+          f"({figures['ttft_extra_share'] * 100:+.2f} % of the gate's; 95 % interval {t_low:+.2f} to {t_high:+.2f} ms)")
+    if args.json:
+        args.json.write_text(json.dumps({"figures": figures, "runs": runs}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
