@@ -60,8 +60,11 @@ BENCH_RUN_DIR = "/run/llamafleet-bench"
 # Ports (role defaults llama_server_port and rpc_server_port).
 LLAMA_SERVER_PORT = 8080
 # llama-server itself listens on the orchestrator's loopback at this port (role default
-# llama_server_backend_port); clients reach it through the gate on LLAMA_SERVER_PORT.
+# llama_server_backend_port); clients reach it through the edge and the gate on LLAMA_SERVER_PORT.
 LLAMA_SERVER_BACKEND_PORT = 18080
+# The gate's port on the orchestrator's loopback behind the edge (role defaults llama_server_gate_port and the edge
+# role's edge_gate_port); with the edge off (EDGE_KIND none) the gate serves LLAMA_SERVER_PORT itself.
+LLAMA_SERVER_GATE_PORT = 18081
 RPC_SERVER_PORT = 50052
 # Debian's prometheus and prometheus-node-exporter listen here by default (role defaults
 # monitoring_prometheus_port and monitoring_node_exporter_port).
@@ -111,9 +114,15 @@ RPC_FIREWALL_TABLE = "inet llamafleet_rpc"
 # the rpc_server role added there (JSON), so it can remove them, and the comment its ufw rules carry.
 HOST_FIREWALL_STATE = CONFIG_DIR + "/host-firewall.json"
 HOST_FIREWALL_COMMENT = "llamafleet-rpc"
-# The edge (roles/edge, Debian's HAProxy in front of the gate): the folder of its root-only copies of the API key and
-# certificate. It marks an edge the role configured: while it exists the llama_server role's preflight lets HAProxy
-# hold the clients' port, and the edge role stops that HAProxy when the edge is turned off (llamafleet_edge: none).
+# The edge (roles/edge): what serves the clients' port in front of the gate when the inventory does not say
+# (llamafleet_edge): Debian's HAProxy. The one place this default is written: the edge role (edge_kind) and the
+# llama_server role (which puts the gate on loopback behind it) both read it through the lookup. EDGE_KINDS are the
+# values llamafleet_edge may take; none is the opt-out (the gate serves the clients' port itself).
+EDGE_KIND = "haproxy"
+EDGE_KINDS = ("haproxy", "none")
+# The folder of the edge's root-only copies of the API key and certificate. It marks an edge the role configured:
+# while it exists the llama_server role's preflight lets HAProxy hold the clients' port, and the edge role stops that
+# HAProxy when the edge is turned off (llamafleet_edge: none).
 EDGE_CONFIG_DIR = "/etc/haproxy/llamafleet"
 # The module_utils files that run on the hosts (stdlib only) are installed as the package HOST_PACKAGE
 # in LIBEXEC_DIR, the HOST_SCRIPTS of it, and run as modules: HOST_PYTHON + [module, arguments...].

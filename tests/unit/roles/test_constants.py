@@ -36,6 +36,7 @@ def _spec(role: str) -> dict:
     ("rpc_server", "rpc_server_user", c.RPC_SERVER_USER),
     ("rpc_server", "rpc_server_home", c.RPC_SERVER_HOME),
     ("llama_server", "llama_server_port", c.LLAMA_SERVER_PORT),
+    ("llama_server", "llama_server_gate_port", c.LLAMA_SERVER_GATE_PORT),
     ("llama_server", "llama_server_user", c.LLAMA_SERVER_USER),
     ("llama_server", "llama_server_home", c.LLAMA_SERVER_HOME),
     ("llama_server", "llama_server_workers_group", c.GROUP_WORKERS),

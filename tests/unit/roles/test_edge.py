@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import shutil
 import socket
 import ssl
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from llamafleet.bench import hostile
-from llamafleet.core import http_wire
+from llamafleet.core import constants, http_wire
 from tests.unit.needs import require
 
 REPO = Path(__file__).resolve().parents[3]
@@ -109,20 +110,59 @@ def wait_port(port: int, seconds: float = 10.0) -> None:
     raise AssertionError("nothing listens on 127.0.0.1:%d" % port)
 
 
-def render(tmp: Path, values: dict) -> Path:
-    """The role's template rendered with the role's defaults and ``values`` by ansible-playbook."""
+def run_play(tmp: Path, play: str, values: dict) -> str:
+    """``play`` run by ansible-playbook on localhost with ``values`` as extra vars; its output."""
     (tmp / "values.json").write_text(json.dumps(values), encoding="utf-8")
-    dest = tmp / "haproxy.cfg"
-    (tmp / "play.yml").write_text(PLAY.format(defaults=REPO / "roles/edge/defaults/main.yml",
-                                              template=REPO / "roles/edge/templates/haproxy.cfg.j2", dest=dest),
-                                  encoding="utf-8")
+    (tmp / "play.yml").write_text(play, encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
     env.update(ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
     proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
                            "-e", "ansible_python_interpreter=" + sys.executable, "-e", "@" + str(tmp / "values.json"),
                            str(tmp / "play.yml")], cwd=REPO, env=env, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def render(tmp: Path, values: dict) -> Path:
+    """The role's template rendered with the role's defaults and ``values`` by ansible-playbook."""
+    dest = tmp / "haproxy.cfg"
+    run_play(tmp, PLAY.format(defaults=REPO / "roles/edge/defaults/main.yml",
+                              template=REPO / "roles/edge/templates/haproxy.cfg.j2", dest=dest), values)
     return dest
+
+
+# What the edge role (edge_kind) and the llama_server role (the gate on loopback behind the edge) decide from the
+# inventory's llamafleet_edge, each from its own files, as ansible-playbook templates them: unset, and each value.
+KIND_PLAY = """\
+- name: What the two roles make of llamafleet_edge
+  hosts: localhost
+  gather_facts: false
+  vars_files: [{edge}, {llama_server}]
+  tasks:
+{tasks}
+"""
+KIND_TASK = """\
+    - name: {name}
+      ansible.builtin.debug:
+        msg: "EDGE {name} {{{{ edge_kind }}}} {{{{ _llama_server_edge | bool }}}} {{{{ edge_gate_port }}}} {{{{ edge_port }}}}"
+      vars: {values}
+"""
+
+
+def test_the_edge_is_on_by_default_in_both_roles_and_none_turns_it_off(tmp_path: Path) -> None:
+    """With no llamafleet_edge in the inventory, HAProxy serves the clients' port and the gate sits behind it on
+    loopback (the constant edge_kind, which both roles read); ``none`` is the opt-out of both. Fails if the
+    default goes back to none, or if the two roles stop agreeing."""
+    cases = {"unset": {}, "haproxy": {"llamafleet_edge": "haproxy"}, "none": {"llamafleet_edge": "none"}}
+    tasks = "".join(KIND_TASK.format(name=name, values=json.dumps(values)) for name, values in cases.items())
+    out = run_play(tmp_path, KIND_PLAY.format(edge=REPO / "roles/edge/defaults/main.yml",
+                                              llama_server=REPO / "roles/llama_server/vars/main.yml", tasks=tasks), {})
+    seen = dict(match.groups() for match in re.finditer(r"EDGE (\w+) ([^\"\n]+)", out))
+    # the ports the edge takes from the llama_server role's defaults (the constants) when the inventory sets none
+    assert (constants.LLAMA_SERVER_GATE_PORT, constants.LLAMA_SERVER_PORT) == (18081, 8080)
+    assert seen == {"unset": "haproxy True 18081 8080", "haproxy": "haproxy True 18081 8080",
+                    "none": "none False 18081 8080"}, out
+    assert constants.EDGE_KIND == "haproxy" and constants.EDGE_KINDS == ("haproxy", "none")
 
 
 @pytest.fixture(scope="module")

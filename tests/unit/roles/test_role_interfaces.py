@@ -137,8 +137,10 @@ def _common_includes() -> list[tuple[str, dict]]:
 
 def test_both_service_roles_use_common() -> None:
     assert sorted(where.split("/")[0] + " " + where.rsplit(" ", 1)[1] for where, _task in _common_includes()) == [
-        # llama_server checks two ports: the clients' (the gate's) and llama-server's loopback one
-        "bench port_check", "llama_server port_check", "llama_server port_check", "llama_server supported_system",
+        # llama_server checks three ports: the clients' (the edge's or the gate's), the gate's loopback one behind the
+        # edge and llama-server's loopback one
+        "bench port_check", "llama_server port_check", "llama_server port_check", "llama_server port_check",
+        "llama_server supported_system",
         "llama_server user", "llama_server user_absent",
         "llamacpp_build prune", "llamacpp_build supported_system", "model prune",
         "rpc_server port_check", "rpc_server supported_system", "rpc_server user", "rpc_server user_absent"]
