@@ -100,8 +100,8 @@ def main() -> int:
     figures = paired(runs["gate"], runs["edge"])
     low, high = figures["tok_s_ratio_95"]
     t_low, t_high = figures["ttft_extra_ms_95"]
-    print(f"what the edge costs ({orch.name} to itself, {figures['pairs']} rounds of one streamed {args.n_predict}-token "
-          "completion each way, the order swapped every round):")
+    print(f"what the edge costs ({orch.name} to itself, {figures['pairs']} rounds of one streamed "
+          f"{args.n_predict}-token completion each way, the order swapped every round):")
     print("| path | time to first token (median) | tok/s (median) |\n| --- | --- | --- |")
     print(f"| gate on loopback | {figures['gate_ttft_ms']:.1f} ms | {figures['gate_tok_s']:.2f} |")
     print(f"| through the edge | {figures['edge_ttft_ms']:.1f} ms | {figures['edge_tok_s']:.2f} |")

@@ -13,8 +13,9 @@ Two deploys of the 3-host lab, one after the other, each measured the same way:
 
 For each: the plan (the units on each device), a restart's load (seconds until ``/health`` answers 200), decode tok/s
 (the best of three streamed 64-token completions through the gate) and time to the first token (their median), and
-the peak RSS of llama-server and of the orchestrator's rpc-server. Then ``lab down``: the local rpc-server is left on
-lab1 by the second deploy, and the next lab job starts from bare hosts.
+the peak RSS of llama-server and of the orchestrator's rpc-server. The local rpc-server is stopped before the second
+deploy (deploy.yml takes llamafleet off hosts that left the fleet, not off one that only left the workers). Then
+``lab down``, so the next lab job starts from bare hosts.
 
     python -m benchmarks.orchestrator_cpu [--json FILE] [--big]
 
@@ -94,29 +95,39 @@ def main() -> int:
     cli("lab", "up", "--hosts", "3", timeout=1200)
     fleet = Fleet.from_inventory(INVENTORY)
     figures: dict[str, object] = {"model": "big" if args.big else "gemma"}
-    with tempfile.TemporaryDirectory(prefix="llamafleet-orchestrator-cpu-") as tmp:
-        extra = ["-e", f"@{big_model_on_mirror(Path(tmp))}"] if args.big else []
-        local_layers = 0
-        for name in ("local-rpc", "cpu-layers"):
-            if name == "local-rpc":
-                inventory, variables = inventory_with_local_worker(Path(tmp)), ["-e", "llama_server_cpu_layers=0"]
-            else:
-                inventory, variables = INVENTORY, ["-e", f"llama_server_cpu_layers={local_layers}"]
-            print(f"==> {name}: deploy.yml", flush=True)
-            started = time.monotonic()
-            run = playbook("deploy.yml", *extra, *variables, inventory=inventory, timeout=3600)
-            if run.rc != 0:
-                print(run.output[-6000:])
-                return 1
-            figures[name] = {"deploy_s": round(time.monotonic() - started, 1), **measure(fleet)}
-            local_layers = local_layers or sum(d["units"] for d in figures[name]["devices"]
-                                               if d["host"] == fleet.orchestrator.name)
-            print(json.dumps({name: figures[name]}), flush=True)
+    try:
+        with tempfile.TemporaryDirectory(prefix="llamafleet-orchestrator-cpu-") as tmp:
+            extra = ["-e", f"@{big_model_on_mirror(Path(tmp))}"] if args.big else []
+            local_layers = 0
+            for name in ("local-rpc", "cpu-layers"):
+                if name == "local-rpc":
+                    inventory = inventory_with_local_worker(Path(tmp))
+                    variables = ["-e", "llama_server_cpu_layers=0"]
+                else:
+                    inventory, variables = INVENTORY, ["-e", f"llama_server_cpu_layers={local_layers}"]
+                    # A host that leaves llamafleet_workers but stays the orchestrator keeps its rpc-server
+                    # (deploy.yml takes away only hosts that left the fleet), whose memory the planner then finds
+                    # taken: stopped here.
+                    stopped = fleet.run(f"systemctl disable --now {constants.RPC_SERVER_UNIT}",
+                                        [fleet.orchestrator]).failed
+                    if stopped:
+                        sys.exit(f"cannot stop the local rpc-server: {stopped}")
+                print(f"==> {name}: deploy.yml", flush=True)
+                started = time.monotonic()
+                run = playbook("deploy.yml", *extra, *variables, inventory=inventory, timeout=3600)
+                if run.rc != 0:
+                    print(run.output[-6000:])
+                    return 1
+                figures[name] = {"deploy_s": round(time.monotonic() - started, 1), **measure(fleet)}
+                local_layers = local_layers or sum(d["units"] for d in figures[name]["devices"]
+                                                   if d["host"] == fleet.orchestrator.name)
+                print(json.dumps({name: figures[name]}), flush=True)
+    finally:
+        print("==> lab down (lab1 keeps the local rpc-server's units of the first deploy)", flush=True)
+        cli("lab", "down", timeout=300)
     print(json.dumps(figures, indent=2))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
-    print("==> lab down (lab1 keeps the local rpc-server of the second deploy)", flush=True)
-    cli("lab", "down", timeout=300)
     return 0
 
 
