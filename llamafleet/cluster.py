@@ -29,8 +29,9 @@ class Endpoint:
 
     @property
     def url(self) -> str:
-        """The gate's URL: https when the inventory gives it a certificate (``llama_server_tls_cert``; the
-        certificate is verified as usual, so a private CA goes in ``SSL_CERT_FILE``)."""
+        """The clients' URL (the edge's, Debian's HAProxy, by default; the gate's with ``llamafleet_edge: none``):
+        https when the inventory gives a certificate (``llama_server_tls_cert``; the certificate is verified as
+        usual, so a private CA goes in ``SSL_CERT_FILE``)."""
         return f"{'https' if self.tls else 'http'}://{self.address}:{self.port}"
 
     @classmethod

@@ -179,3 +179,15 @@ def current_builds(fleet) -> dict[str, str]:
     from llamafleet.core import constants  # noqa: PLC0415 - the library, only for the lab tests
 
     return {host: r.stdout.strip() for host, r in fleet.run(f"readlink {constants.LLAMACPP_ROOT}/current").items()}
+
+
+def listeners(fleet, port: int, host=None) -> list[str]:
+    """The programs that listen on ``port`` on ``host`` (the orchestrator by default), as ``PROGRAM ADDRESS:PORT``:
+    ``haproxy 10.77.0.11:8080`` where the edge serves the clients' port, ``python3 ...`` where the gate does."""
+    out = fleet.run_one(f"ss -Hltnp 'sport = :{port}'", host or fleet.orchestrator)
+    found = []
+    for line in out.splitlines():
+        fields = line.split()
+        program = re.search(r'users:\(\("([^"]+)"', line)
+        found.append(f"{program.group(1) if program else '?'} {fields[3]}")
+    return sorted(set(found))

@@ -35,7 +35,7 @@ ORDER = [
     "test_lowest_ansible.py",    # deploy on the lowest ansible-core changes nothing
     "test_monitoring.py",        # adds Prometheus beside the cluster
     "test_serving_tls.py",
-    "test_edge_lab.py",          # HAProxy in front of the gate: the hostile suite, a flood, its cost; then taken off
+    "test_edge_lab.py",          # the edge (on by default): the hostile suite, a flood, its cost; then off and on again
     "test_upgrade.py",           # compiles the other llama.cpp release (cached after)
     "test_weights_local.py",     # reads, and repairs one cache file
     "test_bench.py",
@@ -120,13 +120,20 @@ def fleet(deployed):
     return Fleet.from_inventory(INVENTORY)
 
 
+# The edge's unit (Debian's HAProxy, on the orchestrator by default) and the files the edge role writes.
+EDGE_UNIT = "haproxy.service"
+EDGE_FILES = f"/etc/haproxy/haproxy.cfg {constants.SYSTEMD_DIR}/{EDGE_UNIT}.d/llamafleet.conf"
+
+
 def main_pids(fleet) -> dict[str, str]:
-    """MainPID and start timestamp of the cluster's units on every host."""
+    """MainPID and start timestamp of the cluster's units on every host, the edge's last (a unit a host does not
+    have shows 0 0), and the edge's processes (a reload keeps HAProxy's master and replaces its worker)."""
     pids = {}
     for name, res in fleet.run(
         f"for u in {constants.LLAMA_SERVER_UNIT} {constants.GATE_UNIT} {constants.RPC_SERVER_UNIT} "
-        f"{constants.RPC_GUARD_UNIT}; do "
-        "systemctl show -p MainPID,ExecMainStartTimestampMonotonic --value $u 2>/dev/null | tr '\\n' ' '; echo; done"
+        f"{constants.RPC_GUARD_UNIT} {EDGE_UNIT}; do "
+        "systemctl show -p MainPID,ExecMainStartTimestampMonotonic --value $u 2>/dev/null | tr '\\n' ' '; echo; done; "
+        "echo edge processes: $(pgrep -x haproxy | sort -n)"
     ).items():
         assert res.ok, f"{name}: {res.error or res.stderr}"
         pids[name] = res.stdout.strip()
@@ -135,13 +142,14 @@ def main_pids(fleet) -> dict[str, str]:
 
 @contextmanager
 def nothing_changes(fleet) -> Iterator[None]:
-    """Asserts that what runs inside restarted no unit (main pids and start times), changed no unit file, and that
-    the cluster still serves."""
+    """Asserts that what runs inside restarted no unit (main pids and start times) and reloaded no edge, changed no
+    unit file nor the edge's configuration, and that the cluster still serves."""
+    files = f"sha256sum /etc/systemd/system/llamafleet-*.service {EDGE_FILES} 2>/dev/null; true"
     before = main_pids(fleet)
-    units_before = fleet.run("sha256sum /etc/systemd/system/llamafleet-*.service")
+    units_before = fleet.run(files)
     yield
     assert main_pids(fleet) == before, "a unit was restarted"
-    units_after = fleet.run("sha256sum /etc/systemd/system/llamafleet-*.service")
+    units_after = fleet.run(files)
     assert {h: r.stdout for h, r in units_after.items()} == {h: r.stdout for h, r in units_before.items()}
     Endpoint.of(fleet).wait_healthy(timeout=30)
 

@@ -1,8 +1,8 @@
 """deploy.yml end to end on real lab hosts: bare hosts -> one serving cluster.
 
-The tests run in order against one lab: the first deploy, a completion,
-layers on every RPC device as planned, idempotence, check mode, a change that
-restarts only the orchestrator, and bad input that fails before any change.
+The tests run in order against one lab: the first deploy, a completion through the edge (Debian's HAProxy, on by
+default) and the gate behind it, layers on every RPC device as planned, idempotence (the edge included), check mode,
+a change that restarts only the orchestrator, and bad input that fails before any change.
 """
 
 from __future__ import annotations
@@ -29,11 +29,16 @@ from llamafleet.lab.core import DEFAULT_MEMORY_MIB
 from tests.e2e.bad_models import make_bad_models
 from tests.e2e.conftest import main_pids, nothing_changes
 from tests.e2e.quiet import after_batch, once, quiet
-from tests.helpers import FIT_CHECK_TASK, INVENTORY, MODEL_PLAY, REPO, PlaybookRun, inventory_variant, playbook
+from tests.helpers import (FIT_CHECK_TASK, INVENTORY, MODEL_PLAY, REPO, PlaybookRun, inventory_variant, listeners,
+                           playbook)
 
 def test_first_deploy_serves(deployed, fleet):
     assert deployed.failed == 0
     endpoint = Endpoint.of(fleet)
+    # with no llamafleet_edge in the inventory, HAProxy serves the clients' port, the gate behind it on loopback
+    assert [line.split()[0] for line in listeners(fleet, endpoint.port)] == ["haproxy"]
+    gate = json.loads(fleet.run_one(f"cat {constants.GATE_CONFIG_PATH}", fleet.orchestrator))
+    assert (gate["listen_host"], gate["listen_port"]) == ("127.0.0.1", constants.LLAMA_SERVER_GATE_PORT), gate
     endpoint.wait_healthy(timeout=120)
     answer = endpoint.complete("The capital of France is", n_predict=16)
     assert answer["content"].strip(), answer
@@ -107,7 +112,8 @@ def _status(url: str, key: str = "", payload: dict | None = None) -> int:
 
 
 def test_api_needs_the_generated_key_except_health(deployed, fleet):
-    """The first deploy generated a key only the service user reads; /health stays open, the rest needs it."""
+    """The first deploy generated a key only the service user reads; /health stays open, the rest needs it (the
+    edge refuses a missing or wrong key before the gate or llama-server sees the request)."""
     orch = fleet.orchestrator
     meta = fleet.run(f"stat -c '%a %U' {constants.API_KEY_PATH}", [orch])[orch.name]
     assert meta.ok and meta.stdout.split() == ["600", "llamafleet"], meta.stdout + meta.stderr
@@ -221,9 +227,10 @@ BAD_INPUT = [
                   FIT_CHECK_TASK + "]", "fatal: [lab1 -> localhost]"),
                  INVENTORY, (MODEL_PLAY,),
                  id="context-too-large"),
-    # the edge role's preflight: HAProxy needs 2 descriptors a connection, more than any host's systemd can grant
-    # (fs.nr_open is at most 1048576): refused before anything changes, with the most edge_maxconn this host allows
-    pytest.param(["-e", "llamafleet_edge=haproxy", "-e", "edge_maxconn=600000"],
+    # the edge role's preflight (the edge is on by default): HAProxy needs 2 descriptors a connection, more than any
+    # host's systemd can grant (fs.nr_open is at most 1048576): refused before anything changes, with the most
+    # edge_maxconn this host allows
+    pytest.param(["-e", "edge_maxconn=600000"],
                  ("lab1: edge_maxconn 600000 needs 1201024 file descriptors for HAProxy", "set edge_maxconn to "),
                  id="edge-maxconn-above-descriptor-limit"),
     pytest.param(["-e", "llama_server_cpu_layers=many"],

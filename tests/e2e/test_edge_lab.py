@@ -1,9 +1,10 @@
-"""The edge (roles/edge, Debian's HAProxy) deployed on the lab in front of the gate, attacked, measured, taken off.
+"""The edge (roles/edge, Debian's HAProxy), on by default, on the deployed lab: attacked, measured, turned off and on.
 
-Runs after test_serving_tls.py on the converged plain-HTTP lab. One deploy with ``llamafleet_edge=haproxy`` (lab1
-installs Debian's haproxy through the lab's package proxy; the gate moves to 127.0.0.1:llama_server_gate_port),
-then, against the deployed endpoint:
+Runs after test_serving_tls.py on the converged plain-HTTP lab, which the first deploy.yml gave the edge without
+being asked (``llamafleet_edge`` unset: lab1 installed Debian's haproxy through the lab's package proxy, and the gate
+listens on 127.0.0.1:llama_server_gate_port). Against the deployed endpoint:
 
+- HAProxy holds the clients' port, the gate is behind it on loopback, llama-server answers through both;
 - llamafleet.bench.hostile's cases from the controller: each as expected (4xx, or a close for a silent
   connection; never a reset), only the suite's control cases reach the gate (the gate's own request counter), and a
   keyed completion is answered afterwards;
@@ -14,10 +15,11 @@ then, against the deployed endpoint:
   each of them refused there and the keyed one sent on;
 - the gate's metrics need the key at the edge;
 - what the edge costs: streamed completions (llamafleet.bench.measure, run on lab1) to the gate on loopback and
-  through the edge, time to first token and tok/s printed.
-
-Afterwards the fixture deploys without the edge and checks the lab serves as it found it: the gate on the clients'
-port in plain HTTP, HAProxy stopped.
+  through the edge, time to first token and tok/s printed;
+- last, the opt-out: a deploy with ``llamafleet_edge=none`` (and a TLS pair, so that the gate's own TLS, which ships
+  for the opt-out, is served too) stops HAProxy and puts the gate back on the clients' port (llama-server not
+  restarted, a keyed completion answered over https); a plain deploy then gives the lab its edge back as it was
+  found.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import base64
 import json
 import re
 import shlex
+import ssl
 import statistics
 import time
 import urllib.error
@@ -37,9 +40,11 @@ import pytest
 from llamafleet.bench import hostile
 from llamafleet.cluster import Endpoint
 from llamafleet.core import constants
-from tests.helpers import REPO, invocation, playbook
+from tests.e2e.test_serving_tls import TLS_DIR, put
+from tests.helpers import REPO, invocation, listeners, playbook, self_signed_pair
 
-EDGE = ["-e", "llamafleet_edge=haproxy"]
+# The opt-out of the edge (on by default).
+NO_EDGE = ["-e", "llamafleet_edge=none"]
 # The library files the lab hosts run with their python3 (stdlib only), under their library names.
 SHIPPED = {"llamafleet/bench/hostile.py": REPO / "llamafleet" / "bench" / "hostile.py",
            "llamafleet/bench/measure.py": REPO / "llamafleet" / "bench" / "measure.py",
@@ -50,17 +55,6 @@ ROUNDS = 5
 # The edge's head timeout is 10 s (edge_timeout_head): the suite's slow senders trickle past it.
 SLOW_SECONDS = 12.0
 PROBE_HOST = "lab3"
-
-
-def listeners(fleet, port: int) -> list[str]:
-    """The programs that listen on ``port`` on the orchestrator, as ``PROGRAM ADDRESS:PORT``."""
-    out = fleet.run_one(f"ss -Hltnp 'sport = :{port}'", fleet.orchestrator)
-    found = []
-    for line in out.splitlines():
-        fields = line.split()
-        program = re.search(r'users:\(\("([^"]+)"', line)
-        found.append(f"{program.group(1) if program else '?'} {fields[3]}")
-    return sorted(set(found))
 
 
 def gate_config(fleet) -> dict:
@@ -103,45 +97,34 @@ def assert_answers(endpoint: Endpoint) -> None:
     assert done.get("content", "").strip(), done
 
 
+def serves_through_the_edge(fleet, port: int) -> dict:
+    """Asserts the edge's shape on lab1: HAProxy alone on the clients' ``port``, the gate on loopback behind it in
+    plain HTTP, HAProxy enabled; the gate's configuration."""
+    config = gate_config(fleet)
+    assert config["listen_host"] == "127.0.0.1" and config["listen_port"] != port, config
+    assert config.get("tls_cert", "") == "", config
+    assert [line.split()[0] for line in listeners(fleet, port)] == ["haproxy"]
+    assert listeners(fleet, config["listen_port"]) == [f"python3 127.0.0.1:{config['listen_port']}"]
+    assert fleet.run_one("systemctl is-enabled haproxy.service || true", fleet.orchestrator).strip() == "enabled"
+    return config
+
+
 @pytest.fixture(scope="module")
 def edge(deployed, fleet):
-    """The lab deployed with the edge (one deploy.yml run); afterwards deployed without it and checked as found."""
+    """The lab as the plain deploy left it: the edge on by default (no deploy here); the probe files shipped."""
     orch = fleet.orchestrator
-    plain = Endpoint.of(fleet)
-    port = plain.port
-    found = listeners(fleet, port)
-    assert [line.split()[0] for line in found] == ["python3"], found  # the gate serves the clients' port
-    llama_server = invocation(fleet, orch.name, constants.LLAMA_SERVER_UNIT)
-    started = time.monotonic()
-    run = playbook("deploy.yml", *EDGE, timeout=1200)
-    print(f"deploy with the edge: {time.monotonic() - started:.0f} s")
+    assert orch.var("llamafleet_edge", None) is None, "the lab inventory sets llamafleet_edge: this tests the default"
+    endpoint = Endpoint.of(fleet)
+    serves_through_the_edge(fleet, endpoint.port)
+    ship(fleet, [orch, fleet.hosts[PROBE_HOST]])
     try:
-        assert run.rc == 0, run.output[-8000:]
-        # only the gate moved: llama-server kept running
-        assert invocation(fleet, orch.name, constants.LLAMA_SERVER_UNIT) == llama_server
-        ship(fleet, [orch, fleet.hosts[PROBE_HOST]])
-        yield Endpoint.of(fleet)
+        yield endpoint
     finally:
         fleet.run(f"rm -rf {REMOTE}", [orch, fleet.hosts[PROBE_HOST]])
-        started = time.monotonic()
-        restore = playbook("deploy.yml", timeout=1200)
-        print(f"deploy without the edge: {time.monotonic() - started:.0f} s")
-    assert restore.rc == 0, restore.output[-8000:]
-    assert invocation(fleet, orch.name, constants.LLAMA_SERVER_UNIT) == llama_server
-    # as found: the gate on the clients' port in plain HTTP, HAProxy stopped, a keyed completion answered
-    assert listeners(fleet, port) == found
-    config = gate_config(fleet)
-    assert (config["listen_host"], config["listen_port"], config.get("tls_cert", "")) == (plain.address, port, "")
-    assert fleet.run_one("systemctl is-active haproxy.service || true", orch).strip() != "active"
-    Endpoint.of(fleet).wait_healthy(timeout=120)
-    assert_answers(Endpoint.of(fleet))
 
 
 def test_the_edge_holds_the_clients_port_and_the_gate_is_behind_it(edge, fleet) -> None:
-    config = gate_config(fleet)
-    assert config["listen_host"] == "127.0.0.1" and config["listen_port"] != edge.port, config
-    assert [line.split()[0] for line in listeners(fleet, edge.port)] == ["haproxy"]
-    assert listeners(fleet, config["listen_port"]) == [f"python3 127.0.0.1:{config['listen_port']}"]
+    serves_through_the_edge(fleet, edge.port)
     orch = fleet.orchestrator
     # Debian's unit with the role's drop-in; the worker runs as haproxy, chrooted
     assert "llamafleet.conf" in fleet.run_one("systemctl show -p DropInPaths --value haproxy.service", orch)
@@ -245,3 +228,54 @@ def test_what_the_edge_costs(edge, fleet) -> None:
           + ", ".join(f"{name} {ttft * 1000:.1f} ms to the first token, {tok_s:.1f} tok/s"
                       for name, (ttft, tok_s) in figures.items()))
     assert all(ttft > 0 and tok_s > 0 for ttft, tok_s in figures.values()), figures
+
+
+def test_the_edge_turned_off_then_on_again(edge, fleet, tmp_path) -> None:
+    """The opt-out, ``llamafleet_edge=none``, with a TLS pair: HAProxy stopped and disabled, the gate back on the
+    clients' port holding TLS itself (its own TLS code, which ships for the opt-out: https with the given
+    certificate, plain HTTP refused), llama-server not restarted and answering; then the default again (a plain
+    deploy): the edge as found, in plain HTTP. Last in this module: the other tests need the edge. (The same deploy
+    that turns the edge off gives the gate its TLS: one case of the gate's TLS at no deploy of its own.)"""
+    orch = fleet.orchestrator
+    port = edge.port
+    found = listeners(fleet, port)
+    llama_server = invocation(fleet, orch.name, constants.LLAMA_SERVER_UNIT)
+    cert, key = self_signed_pair(orch.cluster_address)
+    put(fleet, orch, f"{TLS_DIR}/gate.pem", cert, "0644")
+    put(fleet, orch, f"{TLS_DIR}/gate.key", key, "0640")
+    (tmp_path / "gate.pem").write_bytes(cert)
+    context = ssl.create_default_context(cafile=str(tmp_path / "gate.pem"))
+    tls = ["-e", f"llama_server_tls_cert={TLS_DIR}/gate.pem", "-e", f"llama_server_tls_key={TLS_DIR}/gate.key"]
+    try:
+        started = time.monotonic()
+        off = playbook("deploy.yml", *NO_EDGE, *tls, timeout=1200)
+        print(f"deploy with llamafleet_edge=none and TLS at the gate: {time.monotonic() - started:.0f} s")
+        assert off.rc == 0, off.output[-8000:]
+        assert [line.split()[0] for line in listeners(fleet, port)] == ["python3"]
+        config = gate_config(fleet)
+        assert (config["listen_host"], config["listen_port"], config.get("tls_cert")) == (
+            edge.address, port, f"{TLS_DIR}/gate.pem"), config
+        assert fleet.run_one("systemctl is-active haproxy.service || true", orch).strip() != "active"
+        assert fleet.run_one("systemctl is-enabled haproxy.service || true", orch).strip() != "enabled"
+        assert invocation(fleet, orch.name, constants.LLAMA_SERVER_UNIT) == llama_server
+        gate = Endpoint.of(fleet)
+        assert gate.url == edge.url.replace("http://", "https://"), (gate.url, edge.url)
+        req = urllib.request.Request(gate.url + "/completion", method="POST", data=json.dumps(
+            {"prompt": "The capital of France is", "n_predict": 4}).encode(),
+            headers={"Authorization": f"Bearer {gate.api_key}"})
+        with urllib.request.urlopen(req, timeout=60, context=context) as resp:  # noqa: S310 - the lab's gate
+            assert resp.status == 200 and json.loads(resp.read())["content"].strip()
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            urllib.request.urlopen(edge.url + "/health", timeout=10)  # noqa: S310 - plain HTTP is not spoken
+    finally:
+        started = time.monotonic()
+        restore = playbook("deploy.yml", timeout=1200)
+        print(f"deploy with the edge again (the default): {time.monotonic() - started:.0f} s")
+        fleet.run(f"rm -rf {TLS_DIR}", [orch])
+    assert restore.rc == 0, restore.output[-8000:]
+    assert listeners(fleet, port) == found
+    serves_through_the_edge(fleet, port)
+    assert invocation(fleet, orch.name, constants.LLAMA_SERVER_UNIT) == llama_server
+    assert Endpoint.of(fleet).url == edge.url
+    Endpoint.of(fleet).wait_healthy(timeout=120)
+    assert_answers(Endpoint.of(fleet))

@@ -28,7 +28,7 @@ from llamafleet.core import constants
 from llamafleet.core.rpc_workers import rpc_server_instances
 from llamafleet.lab.image import LAVAPIPE_ICD, SECOND_LAVAPIPE_ICD
 from llamafleet.lab.paths import LabPaths
-from tests.helpers import cli, playbook
+from tests.helpers import cli, listeners, playbook
 
 VULKAN_HOST = "lab3"
 BUILDINFO = "/opt/llamafleet/llama.cpp/current/BUILDINFO.json"
@@ -182,7 +182,9 @@ def test_two_vulkan_devices_in_either_shape(mixed, mixed_fleet, tmp_path, per_de
 def test_an_orchestrator_with_a_local_vulkan_device_puts_it_after_the_rpc_devices(mixed):
     """lab1 becomes a Vulkan host too: llama-server uses its own Vulkan0 beside the two workers. llama.cpp orders
     the devices RPC first, then local: the plan's -ts follows that order, and the load log agrees. lab3 is back to
-    one rpc-server (the inventory without the two-device variables): no unit of the other shapes is left."""
+    one rpc-server (the inventory without the two-device variables): no unit of the other shapes is left. The edge
+    (on by default) serves the clients' port on this Debian 13 orchestrator: Debian 13's haproxy, installed through
+    the lab's package proxy, answers the completion in front of the gate."""
     cli("lab", "up", "--hosts", "3", "--vulkan", "lab1", "--vulkan", VULKAN_HOST, timeout=1200)
     run = playbook("deploy.yml", timeout=5400)
     assert run.rc == 0, run.output[-8000:]
@@ -202,5 +204,11 @@ def test_an_orchestrator_with_a_local_vulkan_device_puts_it_after_the_rpc_device
     assert all(layer_ranges(parsed).get(d["name"]) for d in plan["devices"] if d["layers"]["count"]), parsed
     unit = fleet.run_one("systemctl cat llamafleet-llama-server.service", fleet.orchestrator)
     assert "GGML_VK_VISIBLE_DEVICES=0" in unit, unit
-    answer = Endpoint.of(fleet).complete("The capital of France is", n_predict=2)
+    endpoint = Endpoint.of(fleet)
+    assert [line.split()[0] for line in listeners(fleet, endpoint.port)] == ["haproxy"]
+    haproxy = fleet.run_one("dpkg-query -W -f '${Version}' haproxy; echo; . /etc/os-release; echo $VERSION_ID",
+                            fleet.orchestrator).split()
+    assert haproxy[-1] == "13", haproxy
+    print(f"lab1 (Debian 13) serves through haproxy {haproxy[0]}")
+    answer = endpoint.complete("The capital of France is", n_predict=2)
     assert answer["timings"]["predicted_n"] == 2

@@ -6,7 +6,8 @@ llamafleet_monitoring group. Grafana is left out (monitoring_grafana: false): th
 not apt.grafana.com.
 
 Then the real Prometheus answers, on the monitoring host's loopback: every target is up, the orchestrator's
-llama-server (its /metrics through the serving gate, with the API key the role copied) and every host's node
+llama-server (its /metrics through the edge, which checks the key, and the serving gate, with the API key the role
+copied) and every host's node
 exporter; each worker's rpc-server is up (its textfile metrics, written by the rpc_server role's timer), and
 serves llama-server on every endpoint of the plan; llama-server's own counters arrive; the gate reports each worker
 link of the plan (RTT, bytes each way, retransmits). A second run changes nothing. Prometheus and the node
@@ -99,7 +100,8 @@ def test_every_target_is_up(monitored, fleet):
     deadline = time.monotonic() + SCRAPE_WAIT
     while (targets := active_targets(fleet)) != expected and time.monotonic() < deadline:
         time.sleep(3)
-    # every llama-server scrape went through the gate with the key (a refused key is down), every node exporter answers
+    # every llama-server scrape went through the edge and the gate with the key (a refused key is down), every node
+    # exporter answers
     assert targets == expected, targets
     # and the series agree: up == 1 for each target (the package's own localhost job never ran: policy-rc.d kept
     # Prometheus stopped until the role had configured it, so no series of it lingers)

@@ -8,8 +8,9 @@ firewall table and the API key come back), and it leaves the lab deployed for LL
 In order, on the 3-host lab (lab1 the orchestrator, two workers):
 - ``--check --diff`` reports changes on every host and changes nothing; the cluster still serves;
 - the default teardown removes every unit, the nftables table, /etc/llamafleet, the helpers and the gate's ping
-  permission (the kernel's range set back), and keeps the users, the model (on the orchestrator), the weight cache
-  (a worker's share) and the builds;
+  permission (the kernel's range set back), stops and disables the edge (HAProxy, on by default on the orchestrator)
+  and removes its copies of the key and certificate and its drop-in, and keeps the users, the model (on the
+  orchestrator), the weight cache (a worker's share) and the builds;
 - run again it changes nothing (what it kept shows the hosts were deployed: no force needed);
 - the last worker torn down completely (``--limit``), a run on all hosts fails naming it alone and changes nothing
   anywhere;
@@ -48,10 +49,12 @@ BUILD_FOLDERS = posixpath.dirname(str(_role_value("llamacpp_build", "defaults", 
 METRICS_FILE = posixpath.join(str(_role_value("rpc_server", "defaults", "rpc_server_textfile_dir")), c.RPC_METRICS_FILE)
 # Everything of llamafleet a deploy leaves on a host's file system (the lab uses the roles' default paths), and what
 # changes while the cluster runs (the gate's state file, the workers' textfile metrics): there, only whether it is.
+# The edge's (roles/edge): its folder of root-only copies and its drop-in in HAProxy's unit.
+EDGE_DROPIN = posixpath.join(c.SYSTEMD_DIR, "haproxy.service.d", "llamafleet.conf")
 ROOTS = sorted({c.CONFIG_DIR, c.LIBEXEC_DIR, c.RPC_WAIT_HELPER, posixpath.dirname(c.LLAMACPP_ROOT), c.LLAMA_SERVER_HOME,
-                c.MODEL_DIR, c.RPC_SERVER_HOME, BUILD_FOLDERS, PING_SYSCTL})
+                c.MODEL_DIR, c.RPC_SERVER_HOME, BUILD_FOLDERS, PING_SYSCTL, c.EDGE_CONFIG_DIR, EDGE_DROPIN})
 RUNTIME = sorted({posixpath.dirname(c.GATE_STATE_PATH), c.BENCH_RUN_DIR, METRICS_FILE})
-PORTS = (c.LLAMA_SERVER_PORT, c.LLAMA_SERVER_BACKEND_PORT, c.RPC_SERVER_PORT)
+PORTS = (c.LLAMA_SERVER_PORT, c.LLAMA_SERVER_GATE_PORT, c.LLAMA_SERVER_BACKEND_PORT, c.RPC_SERVER_PORT)
 UNITS = c.UNIT_PREFIX + "*"
 FIREWALL_TABLE = c.RPC_FIREWALL_TABLE
 
@@ -76,6 +79,10 @@ SURVEY = "\n".join([
     f"getent passwd {' '.join(USERS)} | cut -d: -f1,3; getent group {' '.join(USERS)} | cut -d: -f1,3",
     "echo '== ping'",
     "cat /proc/sys/net/ipv4/ping_group_range",
+    # the edge's HAProxy while it runs or is enabled (Debian's package itself stays)
+    "echo '== edge'",
+    "systemctl is-enabled haproxy.service 2>/dev/null | grep -x enabled",
+    "systemctl is-active haproxy.service 2>/dev/null | grep -x active",
     "echo '== ports'",
     "ss -Hltn '( " + " or ".join(f"sport = :{port}" for port in PORTS) + " )'",
     "true",
@@ -145,6 +152,10 @@ def test_check_mode_reports_changes_and_changes_nothing(deployed, fleet, hosts, 
     orch, workers = hosts
     before = survey(fleet)
     assert all(before[h.name]["units"] for h in [orch, *workers]), before
+    # the edge, on by default, on the orchestrator alone
+    assert before[orch.name]["edge"] == ["enabled", "active"], before[orch.name]
+    assert under(before[orch.name]["files"], c.EDGE_CONFIG_DIR, EDGE_DROPIN), before[orch.name]["files"]
+    assert not any(before[w.name]["edge"] for w in workers), before
     assert all(before[w.name]["nft"] for w in workers), before
     run = teardown("--check", "--diff", "-e", json.dumps(ALL))
     assert run.rc == 0, run.output[-6000:]
@@ -163,9 +174,10 @@ def test_teardown_removes_the_deployment_and_keeps_users_caches_builds(deployed,
     model = posixpath.join(c.MODEL_DIR, str(orch.var("model_name")))
     for host in [orch, *workers]:
         found = after[host.name]
-        gone = {k: found[k] for k in ("units", "unit files", "runtime", "nft", "ports") if found.get(k)}
+        gone = {k: found[k] for k in ("units", "unit files", "runtime", "nft", "edge", "ports") if found.get(k)}
         assert gone == {}, (host.name, gone)
-        shared = under(found["files"], c.CONFIG_DIR, c.LIBEXEC_DIR, c.RPC_WAIT_HELPER, PING_SYSCTL)
+        shared = under(found["files"], c.CONFIG_DIR, c.LIBEXEC_DIR, c.RPC_WAIT_HELPER, PING_SYSCTL, c.EDGE_CONFIG_DIR,
+                       EDGE_DROPIN)
         assert shared == [], (host.name, shared)
         assert under(found["files"], c.LLAMACPP_ROOT + "/current"), (host.name, "the builds should stay")
     # the whole model lives on the orchestrator only (a worker keeps its share, in its weight cache)
