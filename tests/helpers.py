@@ -191,3 +191,15 @@ def listeners(fleet, port: int, host=None) -> list[str]:
         program = re.search(r'users:\(\("([^"]+)"', line)
         found.append(f"{program.group(1) if program else '?'} {fields[3]}")
     return sorted(set(found))
+
+
+# Where the e2e tests put the TLS pairs they make on the orchestrator (under /etc/llamafleet: teardown takes it too).
+TLS_DIR = "/etc/llamafleet/tls"
+
+
+def put_tls_file(fleet, host, path: str, data: bytes, mode: str) -> None:
+    """``data`` (PEM) into ``path`` in TLS_DIR on ``host``, root's and the service group's (the gate reads it as the
+    service user with ``llamafleet_edge: none``; the edge's HAProxy reads a copy as root)."""
+    res = fleet.run(f"install -d -m 0750 -o root -g llamafleet {TLS_DIR} && cat > {path} <<'EOF'\n"
+                    f"{data.decode()}EOF\nchown root:llamafleet {path} && chmod {mode} {path}", [host])[host.name]
+    assert res.ok, res.stderr

@@ -101,7 +101,8 @@ def lab():
 
 @pytest.fixture(scope="session")
 def deployed(lab):
-    """The 3-host CPU lab deployed (compiles llama.cpp unless the controller's artifact cache has it).
+    """The 3-host CPU lab deployed (compiles llama.cpp unless the controller's artifact cache has it), its clients'
+    port served by the edge (Debian's HAProxy, on by default: the lab inventory leaves llamafleet_edge unset).
 
     ``lab up --hosts 3`` first: after test_mixed_vulkan.py it boots lab1 and lab3 again as Debian 12 CPU hosts
     (bare hosts, deployed from here); on a lab that already has that shape it changes nothing."""

@@ -40,8 +40,7 @@ import pytest
 from llamafleet.bench import hostile
 from llamafleet.cluster import Endpoint
 from llamafleet.core import constants
-from tests.e2e.test_serving_tls import TLS_DIR, put
-from tests.helpers import REPO, invocation, listeners, playbook, self_signed_pair
+from tests.helpers import REPO, TLS_DIR, invocation, listeners, playbook, put_tls_file, self_signed_pair
 
 # The opt-out of the edge (on by default).
 NO_EDGE = ["-e", "llamafleet_edge=none"]
@@ -241,8 +240,8 @@ def test_the_edge_turned_off_then_on_again(edge, fleet, tmp_path) -> None:
     found = listeners(fleet, port)
     llama_server = invocation(fleet, orch.name, constants.LLAMA_SERVER_UNIT)
     cert, key = self_signed_pair(orch.cluster_address)
-    put(fleet, orch, f"{TLS_DIR}/gate.pem", cert, "0644")
-    put(fleet, orch, f"{TLS_DIR}/gate.key", key, "0640")
+    put_tls_file(fleet, orch, f"{TLS_DIR}/gate.pem", cert, "0644")
+    put_tls_file(fleet, orch, f"{TLS_DIR}/gate.key", key, "0640")
     (tmp_path / "gate.pem").write_bytes(cert)
     context = ssl.create_default_context(cafile=str(tmp_path / "gate.pem"))
     tls = ["-e", f"llama_server_tls_cert={TLS_DIR}/gate.pem", "-e", f"llama_server_tls_key={TLS_DIR}/gate.key"]

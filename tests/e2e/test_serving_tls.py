@@ -20,27 +20,18 @@ import pytest
 from llamafleet.cluster import Endpoint
 from llamafleet.core import constants
 from tests.e2e.test_deploy import assert_fails_before_any_change
-from tests.helpers import listeners, playbook, self_signed_pair
+from tests.helpers import TLS_DIR, listeners, playbook, put_tls_file, self_signed_pair
 
 pytest.importorskip("cryptography")
-
-TLS_DIR = "/etc/llamafleet/tls"
-
-
-def put(fleet, host, path: str, data: bytes, mode: str) -> None:
-    res = fleet.run(f"install -d -m 0750 -o root -g llamafleet {TLS_DIR} && cat > {path} <<'EOF'\n"
-                    f"{data.decode()}EOF\nchown root:llamafleet {path} && chmod {mode} {path}", [host])[host.name]
-    assert res.ok, res.stderr
-
 
 @pytest.fixture(scope="module")
 def tls_files(deployed, fleet, tmp_path_factory):
     orch = fleet.orchestrator
     cert, key = self_signed_pair(orch.cluster_address)
     _other_cert, other_key = self_signed_pair(orch.cluster_address)
-    put(fleet, orch, f"{TLS_DIR}/gate.pem", cert, "0644")
-    put(fleet, orch, f"{TLS_DIR}/gate.key", key, "0640")
-    put(fleet, orch, f"{TLS_DIR}/other.key", other_key, "0640")
+    put_tls_file(fleet, orch, f"{TLS_DIR}/gate.pem", cert, "0644")
+    put_tls_file(fleet, orch, f"{TLS_DIR}/gate.key", key, "0640")
+    put_tls_file(fleet, orch, f"{TLS_DIR}/other.key", other_key, "0640")
     cafile = tmp_path_factory.mktemp("tls") / "gate.pem"
     cafile.write_bytes(cert)
     yield {"cert": f"{TLS_DIR}/gate.pem", "key": f"{TLS_DIR}/gate.key", "other_key": f"{TLS_DIR}/other.key",
