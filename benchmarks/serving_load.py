@@ -101,8 +101,12 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
 
 def row_text(label: str, one: dict, many: dict) -> str:
     ratio = many["aggregate_tok_s"] / one["aggregate_tok_s"] if one["aggregate_tok_s"] else float("nan")
-    return (f"| {label} | {one['aggregate_tok_s']:.1f} | {many['clients']} | {many['aggregate_tok_s']:.1f} | "
-            f"{ratio:.2f}x | {many['latency_p50_s']:.2f} | {many['latency_p95_s']:.2f} | {many['ttft_p95_s']:.2f} | "
+
+    def fig(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"  # none: no request of the step answered
+
+    return (f"| {label} | {one['aggregate_tok_s']:.2f} | {many['clients']} | {many['aggregate_tok_s']:.2f} | "
+            f"{ratio:.2f}x | {fig(many['latency_p50_s'])} | {fig(many['latency_p95_s'])} | {fig(many['ttft_p95_s'])} | "
             f"{many['requests']} | {many['errors']} |")
 
 

@@ -81,7 +81,7 @@ class Gate:
         self.counters = {"requests": 0, "rejected_503": 0, "aborted": 0}
         self._flights: set[_Flight] = set()
         self._connections = 0
-        # time.monotonic() of the last answer llama-server completed for a client (the canary's proof)
+        # time.monotonic() of the last answer llama-server completed or streamed on for a client (the canary's proof)
         self.last_answer = float("-inf")
         self._server: asyncio.AbstractServer | None = None
         self._stopping = False
@@ -359,6 +359,9 @@ class Gate:
                     if mode == "close":
                         break
                     raise _Abort(503, "llama-server closed the connection in mid-answer (restarting?)")
+                if resp.status < 500:
+                    # a streamed answer still coming is proof of a working cluster (the watchdog's canary)
+                    self.last_answer = time.monotonic()
             await self._race(writer.drain(), flight, timeout, _Abort(0, "the client stopped reading"))
             if resp.status < 500:
                 self.last_answer = time.monotonic()

@@ -172,7 +172,10 @@ class Watchdog:
             status, _answer = await http_request(self.cfg.upstream_host, self.cfg.upstream_port, "POST",
                                                  "/completion", self.cfg.canary_deadline, headers, body)
         except asyncio.TimeoutError:
-            progress = made_progress(before, await self.metrics())
+            # Clients' answers that streamed on meanwhile are progress too: a busy llama-server (every slot
+            # decoding a long answer of a big model) queues the canary and may answer /metrics late.
+            relayed = self.gate.last_answer >= start
+            progress = True if relayed else made_progress(before, await self.metrics())
             return CanaryOutcome(pid, False, True, progress, time.monotonic() - start)
         except OSError as exc:
             return CanaryOutcome(pid, False, False, None, time.monotonic() - start, str(exc))

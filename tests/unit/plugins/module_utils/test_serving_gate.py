@@ -857,9 +857,12 @@ def test_proxy_streams_chunks_as_they_arrive() -> None:
         assert b"Transfer-Encoding: chunked" in head and b"Connection: close" in head
         first = await reader.readuntil(b"\n\n\r\n")
         first_at = time.monotonic()
+        second = await reader.readuntil(b"\n\n\r\n")
+        # the answer still streams on, and the gate counts it as an answer (the watchdog's canary needs none then)
+        assert "stream" not in upstream.finished and gate.last_answer > first_at
         rest = await reader.read()
         assert first_at - start < 0.3 and "stream" in upstream.finished and first_at < upstream.finished["stream"] - 0.5
-        assert _dechunk(first + rest) == b"".join(b'data: {"content":"t%d"}\n\n' % index for index in range(3))
+        assert _dechunk(first + second + rest) == b"".join(b'data: {"content":"t%d"}\n\n' % index for index in range(3))
         writer.close()
 
     _run(scenario)
@@ -1240,8 +1243,11 @@ class StuckLlamaServer(FakeLlamaServer):
         await writer.drain()
 
 
-@pytest.mark.parametrize("moving", [False, True])
-def test_canary_miss_compares_metrics(tmp_path: Path, moving: bool) -> None:
+@pytest.mark.parametrize(("moving", "streaming"), [(False, False), (True, False), (False, True)])
+def test_canary_miss_compares_metrics(tmp_path: Path, moving: bool, streaming: bool) -> None:
+    """A canary that misses its deadline is progress when /metrics moved, or when the gate relayed a client's
+    answer meanwhile (streaming: a busy llama-server queues the canary, and its counters move only as answers end);
+    neither: no progress, the watchdog restarts llama-server."""
     key = tmp_path / "llama-server.key"
     key.write_text("s3cret\n")
 
@@ -1249,17 +1255,27 @@ def test_canary_miss_compares_metrics(tmp_path: Path, moving: bool) -> None:
         upstream = StuckLlamaServer(moving)
         cfg = dataclasses.replace(CFG, upstream_host="127.0.0.1", upstream_port=await upstream.start(),
                                   canary_deadline=0.3, api_key_file=str(key))
-        outcome = await gate_watchdog.Watchdog(Gate(cfg), cfg).canary(1234)
+        gate = Gate(cfg)
+        gate.last_answer = time.monotonic() - 0.05  # an answer that ended just before the canary: not progress
+
+        async def stream_on() -> None:
+            await asyncio.sleep(0.1)
+            gate.last_answer = time.monotonic()
+
+        streamed = asyncio.ensure_future(stream_on()) if streaming else None
+        outcome = await gate_watchdog.Watchdog(gate, cfg).canary(1234)
+        if streamed is not None:
+            await streamed
         assert upstream.server is not None
         upstream.server.close()
         assert [head.split(b"\r\n")[0] for head in upstream.heads] == [
-            b"GET /metrics HTTP/1.1", b"POST /completion HTTP/1.1", b"GET /metrics HTTP/1.1"]
+            b"GET /metrics HTTP/1.1", b"POST /completion HTTP/1.1"] + ([] if streaming else [b"GET /metrics HTTP/1.1"])
         assert all(b"Authorization: Bearer s3cret\r\n" in head for head in upstream.heads)
         assert json.loads(upstream.bodies[1]) == {"prompt": "ping", "n_predict": 1, "cache_prompt": False}
         return outcome
 
     outcome = asyncio.run(main())
-    assert (outcome.pid, outcome.ok, outcome.missed, outcome.progress) == (1234, False, True, moving)
+    assert (outcome.pid, outcome.ok, outcome.missed, outcome.progress) == (1234, False, True, moving or streaming)
     assert 0.3 <= outcome.elapsed < 1.0
 
 
