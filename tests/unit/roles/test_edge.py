@@ -1,10 +1,12 @@
 """The edge role's HAProxy configuration, rendered by a real ansible-playbook run from the role's template and
 defaults, run by Debian's haproxy on loopback in front of a stand-in gate that records what reaches it, and attacked
 by the hostile suite (llamafleet.bench.hostile): every case answered as expected, no keyless request behind the edge,
-one address's 1,000 trickling connections leave another served within 1 s, and the edge's cost on loopback."""
+one address's 1,000 trickling connections leave another served within 1 s, and the edge's cost on loopback; and
+the role's configure.yml run into a temporary root: its two host_files runs and which handler each change calls."""
 
 from __future__ import annotations
 
+import grp
 import http.client
 import json
 import os
@@ -20,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import yaml
 
 from llamafleet.bench import hostile
 from llamafleet.core import constants, http_wire
@@ -397,3 +400,110 @@ def test_tls_h2_and_keepalive(tmp_path: Path) -> None:
         proc.terminate()
         proc.wait(10)
         gate.shutdown()
+
+
+# The role's own configure.yml (a copy of the role whose handlers print instead of touching haproxy.service) run by
+# ansible-playbook on this machine into a temporary root, through three deploys: the first, a converged one, and a new
+# key with TLS turned off.
+CONFIGURE_PLAY = """\
+- name: The edge role's configure.yml
+  hosts: localhost
+  gather_facts: false
+  tasks:
+{steps}
+    - name: Save what changed
+      ansible.builtin.copy:
+        content: "{{{{ changed_by_step | to_json }}}}"
+        dest: {report}
+        mode: "0600"
+"""
+CONFIGURE_STEP = """\
+    - name: Step {name}
+      ansible.builtin.debug:
+        msg: "STEP {name}"
+
+    - name: Change a file by hand before step {name}
+      ansible.builtin.copy:
+        content: "{{{{ item.content }}}}"
+        dest: "{{{{ item.dest }}}}"
+        mode: "0600"
+      loop: {edits}
+      loop_control:
+        label: "{{{{ item.dest }}}}"
+
+    - name: Configure ({name})
+      ansible.builtin.include_role:
+        name: edge
+        tasks_from: configure
+      vars: {values}
+
+    - name: Apply ({name})
+      ansible.builtin.meta: flush_handlers
+
+    - name: Note what changed ({name})
+      ansible.builtin.set_fact:
+        changed_by_step: >-
+          {{{{ changed_by_step | default({{}})
+             | combine({{'{name}': __edge_secret_files.changed_paths + __edge_files.changed_paths}}) }}}}
+"""
+
+
+def _role_with_printing_handlers(tmp: Path) -> None:
+    """roles/edge copied under ``tmp``, its handlers' systemd calls replaced by a debug line naming the handler (their
+    ``when`` kept as written)."""
+    shutil.copytree(REPO / "roles/edge", tmp / "roles/edge")
+    handlers = yaml.safe_load((REPO / "roles/edge/handlers/main.yml").read_text(encoding="utf-8"))
+    for handler in handlers:
+        assert handler.pop("ansible.builtin.systemd_service")["name"] == "haproxy.service"
+        handler["ansible.builtin.debug"] = {"msg": "HANDLER-RUN " + handler["name"]}
+    (tmp / "roles/edge/handlers/main.yml").write_text(yaml.safe_dump(handlers), encoding="utf-8")
+
+
+def test_configure_installs_in_two_runs_and_notifies_by_path(tmp_path: Path) -> None:
+    """Key and certificate in place before haproxy -c checks the configuration (a first run would fail otherwise),
+    owners and modes as the role's README says, a new drop-in restarting HAProxy without a reload as well, a converged
+    run changing nothing and calling no handler, a new key reloading alone, TLS turned off removing the certificate's
+    copy."""
+    require(shutil.which("haproxy") and shutil.which("openssl"), "Debian's haproxy and openssl")
+    if os.geteuid() != 0:
+        pytest.skip("installs files owned by root and the haproxy group")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=edge",
+                    "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")], check=True,
+                   capture_output=True)
+    (tmp_path / "api-key").write_text(" " + KEY + "\n\n", encoding="utf-8")
+    _role_with_printing_handlers(tmp_path)
+    root = tmp_path / "root"
+    config_dir, dropin_dir = root / "llamafleet", root / "haproxy.service.d"
+    tls = {"edge_tls_cert": str(tmp_path / "cert.pem"), "edge_tls_key": str(tmp_path / "key.pem")}
+    no_tls = {"edge_tls_cert": "", "edge_tls_key": ""}
+    steps = [("first", [], tls), ("converged", [], tls),
+             ("key-and-tls-off", [{"dest": str(tmp_path / "api-key"), "content": KEY + "2\n"}], no_tls)]
+    play = CONFIGURE_PLAY.format(report=tmp_path / "changed.json", steps="\n".join(
+        CONFIGURE_STEP.format(name=name, edits=json.dumps(edits), values=json.dumps(values))
+        for name, edits, values in steps))
+    out = run_play(tmp_path, play, {
+        "_edge_config_dir": str(config_dir), "_edge_config": str(root / "haproxy.cfg"),
+        "_edge_dropin_dir": str(dropin_dir), "edge_api_key_file": str(tmp_path / "api-key"),
+        "edge_bind_address": "127.0.0.1", "edge_port": free_port(), "edge_gate_port": free_port(),
+        "edge_maxconn": 1000, "edge_log_target": "stderr format raw", "edge_drop_privileges": False})
+    changed = json.loads((tmp_path / "changed.json").read_text(encoding="utf-8"))
+    seen = {}
+    for part in re.split(r"msg: STEP ", out)[1:]:
+        name = part.split(None, 1)[0]
+        seen[name] = (sorted(Path(path).name for path in changed[name]), re.findall(r"msg: HANDLER-RUN (.+)", part))
+    assert seen == {
+        "first": (sorted(["llamafleet", "api-key", "edge.pem", "haproxy.service.d", "llamafleet.conf", "haproxy.cfg"]),
+                  ["Restart the edge"]),
+        "converged": ([], []),
+        "key-and-tls-off": (["api-key", "edge.pem", "haproxy.cfg"], ["Reload the edge"]),
+    }, out[-6000:]
+    assert not (config_dir / "edge.pem").exists()
+    assert (config_dir / "api-key").read_text(encoding="utf-8") == KEY + "2\n"
+    config = (root / "haproxy.cfg").read_text(encoding="utf-8")
+    assert str(config_dir / "api-key") in config and "edge.pem" not in config
+    modes = {path.name: (path.stat().st_mode & 0o7777, path.stat().st_uid, grp.getgrgid(path.stat().st_gid).gr_name)
+             for path in (config_dir, config_dir / "api-key", root / "haproxy.cfg", dropin_dir / "llamafleet.conf")}
+    assert modes == {"llamafleet": (0o700, 0, "root"), "api-key": (0o600, 0, "root"),
+                     "haproxy.cfg": (0o640, 0, "haproxy"), "llamafleet.conf": (0o644, 0, "root")}
+    assert "LimitNOFILE=3024" in (dropin_dir / "llamafleet.conf").read_text(encoding="utf-8")
+    assert KEY not in out
