@@ -23,7 +23,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 DEBIAN_PACKAGES := systemd-container debootstrap openssh-client iproute2 ccache curl rsync gcc make git haproxy
 
-.PHONY: help demo test check deps venv lint sanity unit min-ansible-test lab-test e2e-test separate-e2e-test bench-builds-test big-model-test partition-test llamacpp-local-test molecule-test bench clean-lab
+.PHONY: help demo test check deps venv lint sanity unit unit-data unit-timing unit-workers min-ansible-test lab-test e2e-test separate-e2e-test bench-builds-test big-model-test partition-test llamacpp-local-test molecule-test bench clean-lab
 
 help:
 	@echo "make demo   - real 3-host lab on this machine, deploy, a completion from the distributed cluster"
@@ -58,12 +58,28 @@ demo: venv
 
 # Some unit tests read the lab's pinned model and llama.cpp source (under CI a missing one fails them): fetched
 # first into $(CACHE) as the lab does, or only verified when there (well under a second warm, about 17 s cold).
-unit: venv
+unit-data: venv
 	@echo "==> the lab's model and llama.cpp source for the unit tests"
 	@start=$$(date +%s); $(BIN)/python -m llamafleet.lab.fetch model source >/dev/null && \
 	  echo "    ready in $$(( $$(date +%s) - start )) s"
+
+# make test: every unit test in one process, beside the lab stages.
+unit: unit-data
 	@echo "==> unit tests"
-	@$(BIN)/pytest -q tests/unit
+	@$(BIN)/pytest -q -p no:xdist tests/unit
+
+# make check splits them in two: the tests that bound wall-clock times (marker timing: the bench proxy's delays and
+# rate cap, the gate's answers), in one process while nothing else of make check runs, then the others on
+# UNIT_WORKERS pytest-xdist workers, a module's tests on one worker (--dist loadfile: a module-scoped fixture, the
+# ansible-playbook run its tests share, runs once).
+UNIT_WORKERS ?= 2
+unit-timing: unit-data
+	@echo "==> unit tests with wall-clock bounds (marker timing)"
+	@$(BIN)/pytest -q -p no:xdist -m timing tests/unit
+
+unit-workers: unit-data
+	@echo "==> the other unit tests, on $(UNIT_WORKERS) workers"
+	@$(BIN)/pytest -q -n $(UNIT_WORKERS) --dist loadfile -m "not timing" tests/unit
 
 # ansible-lint adds the user's own collection folders to ansible.cfg's: a llamafleet.cluster
 # installed there (from a tarball, say) would shadow this checkout's modules. It gets a HOME of its own.
@@ -156,14 +172,19 @@ LAB_STAGES    := lab-test e2e-test llamacpp-local-test molecule-test
 BESIDE_STAGES := unit lint sanity min-ansible-test
 # of those, the ones at nice 19 (the unit stage has timing-sensitive tests: it keeps its normal priority)
 NICE_STAGES   := lint sanity min-ansible-test
-CHECK_STAGES  := unit lint sanity
+# make check: first the unit tests with wall-clock bounds alone, then the others on two workers and beside them lint
+# then sanity, which take the time the workers wait on the tests' sleeps, timeouts and servers. Not niced: with
+# nothing else of ours to yield to, nice 19 would only yield to the other work on the machine.
+CHECK_FIRST   := unit-timing
+CHECK_STAGES  := unit-workers
+CHECK_BESIDE  := lint sanity
 
 test: venv
 	@tests/run_stages.sh $(MAKE) --beside "$(BESIDE_STAGES)" --nice "$(NICE_STAGES)" $(LAB_STAGES)
 	@echo "==> all tests passed"
 
 check: venv
-	@tests/run_stages.sh $(MAKE) $(CHECK_STAGES)
+	@tests/run_stages.sh $(MAKE) --first "$(CHECK_FIRST)" --beside "$(CHECK_BESIDE)" $(CHECK_STAGES)
 	@echo "==> the fast tier passed"
 
 bench: venv

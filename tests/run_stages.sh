@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs make's test stages, prints the time of each as it ends and a table at the end.
-# Usage: tests/run_stages.sh MAKE [--beside "STAGE..."] [--nice "STAGE..."] STAGE...
+# Usage: tests/run_stages.sh MAKE [--first "STAGE..."] [--beside "STAGE..."] [--nice "STAGE..."] STAGE...
+# The --first stages run in order before anything else starts (make check: the unit tests that bound wall-clock
+# times, which others running beside would starve); a failure there stops everything.
 # The STAGEs run in order; the first failure stops them. The --beside stages (those that need neither the lab nor a
 # llama.cpp build: the fast tier) run at the same time, one after another, while the lab stages mostly wait on
 # hosts; each writes its output to a log that is printed when it ends. The exit status is the first failure's, if any.
@@ -11,10 +13,17 @@
 # (two installs at once into one environment could break it).
 set -u
 make_cmd=$1; shift
+first=""
 beside=""
 niced=""
-if [ "${1:-}" = "--beside" ]; then beside=$2; shift 2; fi
-if [ "${1:-}" = "--nice" ]; then niced=$2; shift 2; fi
+while :; do
+  case "${1:-}" in
+    --first) first=$2; shift 2 ;;
+    --beside) beside=$2; shift 2 ;;
+    --nice) niced=$2; shift 2 ;;
+    *) break ;;
+  esac
+done
 export LLAMAFLEET_VENV_READY=1
 started=$(date +%s)
 logs=$(mktemp -d)
@@ -32,6 +41,22 @@ run_stage() {
   echo "$stage $(( $(date +%s) - t )) $rc" >> "$logs/times"
   return "$rc"
 }
+
+# print_times: the table of every stage's time so far, and the time in all
+print_times() {
+  local stage took stage_rc mark
+  echo "==> time per stage:"
+  while read -r stage took stage_rc; do
+    mark=""
+    [ "$stage_rc" = 0 ] || mark="  FAILED"
+    printf '   %-20s %5d s%s\n' "$stage" "$took" "$mark"
+  done < "$logs/times"
+  printf '   %-20s %5d s\n' "in all" $(( $(date +%s) - started ))
+}
+
+for stage in $first; do
+  run_stage "$stage" || { rc=$?; print_times; exit "$rc"; }
+done
 
 if [ -n "$beside" ]; then
   (
@@ -56,11 +81,5 @@ if [ -n "$beside" ]; then
   [ "$rc" != 0 ] || rc=$beside_rc
 fi
 
-echo "==> time per stage:"
-while read -r stage took stage_rc; do
-  mark=""
-  [ "$stage_rc" = 0 ] || mark="  FAILED"
-  printf '   %-20s %5d s%s\n' "$stage" "$took" "$mark"
-done < "$logs/times"
-printf '   %-20s %5d s\n' "in all" $(( $(date +%s) - started ))
+print_times
 exit "$rc"

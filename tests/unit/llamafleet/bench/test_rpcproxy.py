@@ -23,6 +23,9 @@ from llamafleet.core.rpc_proto import Cmd, reply_size, request_frame
 from tests.unit.rpc_sessions import MODEL_SESSION, SESSION, model_session_stream, payload, session_bytes
 from tests.rpc_client import RpcClient, measure_round_trip
 
+# round trips bounded to tens of milliseconds: make check runs these before its parallel workers, alone
+pytestmark = pytest.mark.timing
+
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "rpc"
 REPO = Path(__file__).resolve().parents[4]
 

@@ -13,6 +13,9 @@ from llamafleet.bench import rpcproxy
 from llamafleet.bench.rpcproxy import RpcProxy, TokenBucket
 from llamafleet.core.rpc_proto import Cmd, request_frame
 
+# rates measured to 10% on loopback: make check runs these before its parallel workers, alone
+pytestmark = pytest.mark.timing
+
 
 class FakeClock:
     """A clock that moves only when told to."""

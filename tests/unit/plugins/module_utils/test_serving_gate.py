@@ -41,6 +41,9 @@ from llamafleet.core.link_state import count_stalls, link_names, running_workers
 from llamafleet.core.rpc_guard import guard_decide
 from tests.unit.needs import require
 
+# answers bounded to tenths of a second: make check runs these before its parallel workers, alone
+pytestmark = pytest.mark.timing
+
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "ss"
 STALLED_REAL = (FIXTURES / "ss_tinHO_established_stalled_iproute2-6.1.0_real.txt").read_text()
 IDLE_REAL = (FIXTURES / "ss_tinHO_nofilter_idle_iproute2-6.1.0_real.txt").read_text()
