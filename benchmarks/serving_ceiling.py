@@ -31,7 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from llamafleet.bench.measure import stream_completion, sweep
+from llamafleet.bench.measure import DEFAULT_PROMPT, stream_completion, sweep
 from llamafleet.lab.artifacts import LLAMA_CPP_COMMIT, MODEL
 from llamafleet.lab.paths import cache_root
 
@@ -62,7 +62,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> No
 
 
 def measure_ceiling(clients: int, seconds: float, threads: int, model: Path | None = None, ctx: int | None = None,
-                    cache_type: str | None = None, timeout: float = 120.0) -> dict:
+                    cache_type: str | None = None, timeout: float = 120.0, prompt: str = DEFAULT_PROMPT) -> dict:
     """One llama-server with the lab's own build and ``model`` (the lab's gemma by default), ``clients`` slots on a
     unified cache of ``ctx`` tokens (512 a slot by default) with ``cache_type`` K and V (llama.cpp's default f16), no
     RPC: 1 client and ``clients`` clients for ``seconds`` each, each request bounded by ``timeout``. Returns
@@ -88,8 +88,8 @@ def measure_ceiling(clients: int, seconds: float, threads: int, model: Path | No
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             wait_healthy(url, proc, timeout=max(120.0, timeout))
-            stream_completion(url, n_predict=8, timeout=timeout)  # warm up
-            steps = {n: sweep(lambda: stream_completion(url, n_predict=N_PREDICT, timeout=timeout), n,
+            stream_completion(url, prompt, n_predict=8, timeout=timeout)  # warm up
+            steps = {n: sweep(lambda: stream_completion(url, prompt, n_predict=N_PREDICT, timeout=timeout), n,
                               duration_s=seconds) for n in (1, clients)}
         finally:
             proc.terminate()

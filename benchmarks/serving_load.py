@@ -42,7 +42,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from llamafleet.bench.measure import stream_completion, sweep
+from llamafleet.bench.measure import DEFAULT_PROMPT, stream_completion, sweep
 from llamafleet.cluster import Endpoint, read_plan
 from llamafleet.fleet import Fleet
 from llamafleet.lab.artifacts import big_model_on_mirror
@@ -68,8 +68,14 @@ def deploy(*extra: str) -> None:
     run(str(BIN / "ansible-playbook"), "-i", str(INVENTORY), str(ROOT / "playbooks" / "deploy.yml"), *extra)
 
 
-def step(endpoint: Endpoint, clients: int, seconds: float, timeout: float = 120.0) -> dict:
-    result = sweep(lambda: stream_completion(endpoint.url, n_predict=N_PREDICT, api_key=endpoint.api_key,
+# The big model's tokenizer (random, llamafleet.bench.synth) makes 457 tokens of measure's default prompt: 16 of
+# those and their answers would not fit the 2,048-token cache it fits the lab with. One sentence of it: 57 tokens.
+BIG_PROMPT = DEFAULT_PROMPT.split(".")[0] + "."
+
+
+def step(endpoint: Endpoint, clients: int, seconds: float, timeout: float = 120.0,
+         prompt: str = DEFAULT_PROMPT) -> dict:
+    result = sweep(lambda: stream_completion(endpoint.url, prompt, n_predict=N_PREDICT, api_key=endpoint.api_key,
                                              timeout=timeout), clients, duration_s=seconds)
     return asdict(result)
 
@@ -132,6 +138,7 @@ def main() -> int:
     lines = ["| slots | 1 client tok/s | clients | aggregate tok/s | x 1 client | p50 s | p95 s | TTFT p95 s "
              "| requests | errors |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     timeout = 900.0 if args.big else 120.0
+    prompt = BIG_PROMPT if args.big else DEFAULT_PROMPT
     folder = Path(tempfile.mkdtemp(prefix="llamafleet-serving-load-"))
     # the big model's variables first: --role-defaults' context and the variants' settings come after, and win
     model = ["-e", f"@{big_model_on_mirror(folder)}"] if args.big else []
@@ -154,10 +161,10 @@ def main() -> int:
             if name:
                 label = f"{name}: {label}"
             print(f"==> {label} slots, {len(plan['rpc'])} workers: 1 client for {args.seconds:.0f} s", flush=True)
-            one = step(endpoint, 1, args.seconds, timeout)
+            one = step(endpoint, 1, args.seconds, timeout, prompt)
             seconds = args.soak or args.seconds
             print(f"==> {args.clients} clients for {seconds:.0f} s", flush=True)
-            many = step(endpoint, args.clients, seconds, timeout)
+            many = step(endpoint, args.clients, seconds, timeout, prompt)
             results["runs"].append({"label": label, "deploy_vars": base + extra, "slots": plan["n_parallel"],
                                     "ctx": plan["ctx_size"], "cache_type": plan["cache_type_k"],
                                     "planned": slots == 0, "workers": len(plan["rpc"]), "one": one, "many": many})
@@ -179,7 +186,8 @@ def main() -> int:
         # the last variant's context and KV type, so the one server batches on the same cache as the cluster did
         ceiling = measure_ceiling(args.clients, args.seconds, os.cpu_count() or 1, model=big,
                                   ctx=plan.get("ctx_size") if args.big else None,
-                                  cache_type=plan.get("cache_type_k") if args.big else None, timeout=timeout)
+                                  cache_type=plan.get("cache_type_k") if args.big else None, timeout=timeout,
+                                  prompt=prompt)
         results["ceiling"] = ceiling
         lines.append("")
         one_c, many_c = ceiling["steps"][1], ceiling["steps"][args.clients]
