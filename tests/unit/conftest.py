@@ -20,6 +20,18 @@ from tests.unit.needs import require
 REPO = Path(__file__).resolve().parents[2]
 
 
+def drives_ansible_playbook(path: Path) -> bool:
+    """A module that runs roles or action plugins through ansible-playbook: the long ones (tens of seconds each)."""
+    return path.parent.name == "roles" or path.name.endswith("_playbook.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On pytest-xdist's workers (make check), the modules that drive ansible-playbook first, each module's tests
+    still together and in order: started last, one of them would keep a worker running long after the other ends."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: not drives_ansible_playbook(item.path))
+
+
 @pytest.fixture
 def make_gguf(tmp_path: Path) -> Callable[..., Path]:
     """Factory: make_gguf(name, metadata, tensors, **options) writes tmp_path/name."""
