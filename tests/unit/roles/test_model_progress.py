@@ -179,6 +179,9 @@ def plays(out: str) -> dict[str, str]:
     return {part.split(" ", 1)[0].rstrip("]"): part for part in out.split("PLAY [")[1:]}
 
 
+# progress lines must show while a 4-second download runs: starved by the other workers, the wait's first poll came
+# after it (make check runs this alone, before its parallel workers)
+@pytest.mark.timing
 def test_a_download_shows_progress_a_converged_run_waits_for_nothing_and_a_bad_file_names_the_variable(
         source, tmp_path: Path) -> None:
     base, root, sha = source
