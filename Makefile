@@ -69,7 +69,7 @@ unit: unit-data
 	@$(BIN)/pytest -q -p no:xdist tests/unit
 
 # make check splits them in two: the tests that bound wall-clock times (marker timing: the bench proxy's delays and
-# rate cap, the gate's answers, the model role's download progress), in one process while nothing else of make check runs, then the others on
+# rate cap, the gate's answers, progress seen while a download runs), in one process while nothing else of make check runs, then the others on
 # UNIT_WORKERS pytest-xdist workers, a module's tests on one worker (--dist loadfile: a module-scoped fixture, the
 # ansible-playbook run its tests share, runs once), the modules that drive ansible-playbook first (tests/unit/conftest.py;
 # --no-loadscope-reorder keeps that order: xdist would put the modules of the most tests first, those the last). Each of the three collects every unit test, and pytest rewrites

@@ -204,6 +204,9 @@ def test_the_token_is_not_in_an_error_about_the_cdn(flaky_model, tmp_path: Path,
         cdn.server_close()
 
 
+# the retry's state stands in the progress file for 0.3 s, and the watcher must read it then: starved at load 8-10
+# beside make check's other workers it did not (make check runs this alone, before its parallel workers)
+@pytest.mark.timing
 def test_the_progress_file_while_it_downloads_and_retries(flaky_model, tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     """What await_progress shows of a download (the role runs it async): bytes of the total, the retry it waits for,
