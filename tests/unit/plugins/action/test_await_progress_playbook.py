@@ -196,6 +196,9 @@ def test_jobs_progress_failure_and_timeout(setup: Path) -> None:
     assert "Raise things_timeout if it needs longer." in res["slow"]["msg"]
 
 
+# a progress line must show while /later answers 503 (its first 4 s): starved beside make check's other workers, the
+# first poll came after (make check runs this alone, before its parallel workers)
+@pytest.mark.timing
 def test_url_progress_timeout_and_check_mode(setup: Path) -> None:
     proc, res = play(setup, "--tags", "url")
     out = proc.stdout
