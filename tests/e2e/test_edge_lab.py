@@ -40,6 +40,7 @@ import pytest
 from llamafleet.bench import hostile
 from llamafleet.cluster import Endpoint
 from llamafleet.core import constants
+from llamafleet.layout import orchestrator_layout
 from tests.helpers import REPO, TLS_DIR, invocation, listeners, playbook, put_tls_file, self_signed_pair
 
 # The opt-out of the edge (on by default).
@@ -257,7 +258,8 @@ def test_the_edge_turned_off_then_on_again(edge, fleet, tmp_path) -> None:
         assert fleet.run_one("systemctl is-active haproxy.service || true", orch).strip() != "active"
         assert fleet.run_one("systemctl is-enabled haproxy.service || true", orch).strip() != "enabled"
         assert invocation(fleet, orch.name, constants.LLAMA_SERVER_UNIT) == llama_server
-        gate = Endpoint.of(fleet)
+        # where the deployment record says clients connect (the inventory alone does not know: -e gave the pair)
+        gate = Endpoint.of(fleet, layout=orchestrator_layout(fleet))
         assert gate.url == edge.url.replace("http://", "https://"), (gate.url, edge.url)
         req = urllib.request.Request(gate.url + "/completion", method="POST", data=json.dumps(
             {"prompt": "The capital of France is", "n_predict": 4}).encode(),

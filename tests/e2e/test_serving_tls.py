@@ -19,6 +19,7 @@ import pytest
 
 from llamafleet.cluster import Endpoint
 from llamafleet.core import constants
+from llamafleet.layout import orchestrator_layout
 from tests.e2e.test_deploy import assert_fails_before_any_change
 from tests.helpers import TLS_DIR, listeners, playbook, put_tls_file, self_signed_pair
 
@@ -50,9 +51,10 @@ def test_the_edge_serves_https_with_the_given_certificate(fleet, tls_files):
     try:
         run = playbook("deploy.yml", *tls)
         assert run.rc == 0, run.output[-6000:]
-        endpoint = Endpoint.of(fleet)
+        # the deployment record names the clients' https endpoint (the inventory alone does not: -e gave the pair)
+        endpoint = Endpoint.of(fleet, layout=orchestrator_layout(fleet))
         url = endpoint.url
-        assert url.startswith("https://"), url  # the deployment record names the clients' https endpoint
+        assert url.startswith("https://"), url
         # the edge holds the clients' port and the TLS; the gate is behind it on loopback, in plain HTTP
         assert [line.split()[0] for line in listeners(fleet, endpoint.port)] == ["haproxy"]
         gate = json.loads(fleet.run_one(f"cat {constants.GATE_CONFIG_PATH}", fleet.orchestrator))
