@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..cluster import Endpoint
+from ..core import constants
 from ..core.systemd_show import show_argv
 from ..errors import UserError
 from ..facts import Fact, gather, parse_cmdline, parse_counters, parse_route_device
@@ -132,18 +133,27 @@ def serving_units(layout: HostLayout) -> str:
     return shlex.join([layout.llama_unit, layout.gate_unit])
 
 
+# The edge (roles/edge: Debian's HAProxy on the clients' port, the gate behind it) where the deploy enabled it: its
+# configuration folder is there and haproxy.service is enabled (an edge turned off is disabled).
+EDGE_UNIT = "haproxy.service"
+_IF_EDGE = f"systemctl is-enabled -q {EDGE_UNIT} 2>/dev/null && test -d {shlex.quote(constants.EDGE_CONFIG_DIR)}"
+
+
 def stop_service(fleet: Fleet, layout: HostLayout | None = None) -> None:
-    """Stop llama-server and the gate in front of it (a variant answers on the gate's port itself)."""
+    """Stop llama-server, the gate in front of it and the edge in front of that (a variant answers on the clients'
+    port itself)."""
     units = serving_units(layout or orchestrator_layout(fleet))
-    fleet.run(f"systemctl stop {units} {BENCH_UNIT}; systemctl reset-failed {BENCH_UNIT}", [fleet.orchestrator])
+    fleet.run(f"systemctl stop {units} {BENCH_UNIT}; systemctl reset-failed {BENCH_UNIT}; "
+              f"if {_IF_EDGE}; then systemctl stop {EDGE_UNIT}; fi", [fleet.orchestrator])
 
 
 def restore_service(fleet: Fleet, layout: HostLayout | None = None) -> None:
-    """Start the deployed llama-server and its gate again (the variant's unit gone) and wait until it serves."""
+    """Start the deployed llama-server, its gate and its edge again (the variant's unit gone) and wait until it
+    serves."""
     layout = layout or orchestrator_layout(fleet)
     fleet.run_one(f"systemctl stop {BENCH_UNIT}; systemctl reset-failed {BENCH_UNIT}; "
-                  f"systemctl start {serving_units(layout)}", fleet.orchestrator,
-                  what=f"starting {layout.llama_unit} again")
+                  f"systemctl start {serving_units(layout)} && if {_IF_EDGE}; then systemctl start {EDGE_UNIT}; fi",
+                  fleet.orchestrator, what=f"starting {layout.llama_unit} again")
     Endpoint.of(fleet, api_key="", layout=layout).wait_healthy(timeout=600)
 
 

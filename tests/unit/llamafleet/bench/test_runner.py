@@ -184,8 +184,12 @@ def test_stop_and_restore_the_recorded_units(connector, recorded, record_of, ser
     fleet = one_host_fleet(connector, recorded(record, lambda host, command: (0, "", "")),
                            hostvars={"lab1": {"llamafleet_cluster_address": "127.0.0.1",
                                               "llama_server_port": srv.port}})
-    stop = f"systemctl stop {' '.join(units)} {BENCH}; systemctl reset-failed {BENCH}"
-    start = f"systemctl stop {BENCH}; systemctl reset-failed {BENCH}; systemctl start {' '.join(units)}"
+    # the edge in front (HAProxy, where the deploy enabled it) is stopped too, and started again after
+    edge = "systemctl is-enabled -q haproxy.service 2>/dev/null && test -d /etc/haproxy/llamafleet"
+    stop = (f"systemctl stop {' '.join(units)} {BENCH}; systemctl reset-failed {BENCH}; "
+            f"if {edge}; then systemctl stop haproxy.service; fi")
+    start = (f"systemctl stop {BENCH}; systemctl reset-failed {BENCH}; systemctl start {' '.join(units)} && "
+             f"if {edge}; then systemctl start haproxy.service; fi")
     runner.stop_service(fleet)
     runner.restore_service(fleet)
     assert fleet.connect.calls == [("lab1", record_command()), ("lab1", stop), ("lab1", record_command()),
@@ -216,7 +220,8 @@ def test_run_variant_uses_the_layouts_units_and_key_file(connector, recorded, re
     assert [a["content"] for a in answers] == [runner.PROMPT[::-1]] * 2  # the key from the recorded file
     commands = [c for _, c in fleet.connect.calls]
     assert commands[:2] == [f"cat {key}", f"systemctl stop {' '.join(RENAMED_UNITS)} {BENCH}; "
-                                          f"systemctl reset-failed {BENCH}"]
+                                          f"systemctl reset-failed {BENCH}; if {runner._IF_EDGE}; then "
+                                          "systemctl stop haproxy.service; fi"]
     assert record_command() not in commands and commands[2].startswith(f"systemd-run --unit={BENCH} ")
 
 
