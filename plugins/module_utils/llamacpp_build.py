@@ -44,6 +44,16 @@ BACKEND_CMAKE = {name: b.cmake for name, b in BACKENDS.items()}
 
 CCACHE_CMAKE = ("-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache")
 
+# -march=native turns on Intel AMX where the CPU has it, and ggml's AMX matrix kernels then run on it. At the
+# pinned llama.cpp they die with SIGILL on the first tile instruction of a worker thread on such CPUs (seen on
+# an AMX Xeon: tinygemm_kernel_amx, "tilezero %tmm4", during llama-server's warm-up; upstream's open fix requests
+# the tile permission per thread). So a native x86_64 build leaves AMX out unless llamacpp_build_amx is true; GCC
+# lets an explicit -mno-* win over -march=native whatever their order. On a CPU without AMX the flags
+# change nothing in the artifact, but they are part of the build id all the same (the facts do not say whether a
+# CPU has AMX, and an artifact compiled with it must not be reused).
+NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+NO_AMX_CMAKE = ("-DCMAKE_C_FLAGS=%s" % NO_AMX_FLAGS, "-DCMAKE_CXX_FLAGS=%s" % NO_AMX_FLAGS)
+
 # The role variables (without the llamacpp_build_ prefix) a build identity reads, and their defaults.
 SETTINGS = {
     "backend": "cpu",
@@ -58,6 +68,7 @@ SETTINGS = {
     "cuda_architectures": "",
     "rocm_targets": "",
     "ccache": True,
+    "amx": False,
 }
 
 
@@ -77,7 +88,7 @@ def _settings(settings: Mapping[str, Any]) -> dict[str, Any]:
         raise BuildSettingsError("llamacpp_build_source_type=%r is not git or archive" % (merged["source_type"],))
     if isinstance(merged["cmake_args"], (str, bytes)) or not all(isinstance(a, str) for a in merged["cmake_args"]):
         raise BuildSettingsError("llamacpp_build_cmake_args must be a list of strings, got %r" % (merged["cmake_args"],))
-    for name in ("native", "ccache"):
+    for name in ("native", "ccache", "amx"):
         if not isinstance(merged[name], bool):
             raise BuildSettingsError("llamacpp_build_%s must be a boolean, got %r" % (name, merged[name]))
     return merged
@@ -141,6 +152,11 @@ def cpu_model(facts: Mapping[str, Any]) -> str:
     return processor[-1] if processor else ""
 
 
+def _no_amx(s: Mapping[str, Any], arch: str) -> tuple[str, ...]:
+    """The flags that leave AMX out of a native x86_64 build (NO_AMX_FLAGS), or none."""
+    return NO_AMX_CMAKE if s["native"] and not s["amx"] and arch == "x86_64" else ()
+
+
 def key_material(settings: Mapping[str, Any], facts: Mapping[str, Any], recipe: int) -> dict[str, Any]:
     """Everything that changes the artifact, in the order the id hashes it.
 
@@ -156,7 +172,8 @@ def key_material(settings: Mapping[str, Any], facts: Mapping[str, Any], recipe: 
         "recipe": recipe,
         "source": source_id(s),
         "backend": s["backend"],
-        "cmake": list(BASE_CMAKE) + list(BACKEND_CMAKE[s["backend"]]) + list(s["cmake_args"]),
+        "cmake": (list(BASE_CMAKE) + list(BACKEND_CMAKE[s["backend"]]) + list(_no_amx(s, facts["architecture"]))
+                  + list(s["cmake_args"])),
         "native": native,
         "cpu": cpu_model(facts) if native else "",
         "cuda_arch": s["cuda_architectures"],
@@ -166,11 +183,13 @@ def key_material(settings: Mapping[str, Any], facts: Mapping[str, Any], recipe: 
     }
 
 
-def cmake_args(settings: Mapping[str, Any]) -> list[str]:
-    """The CMake arguments of the build: base, backend, native, GPU targets, ccache, then the user's own."""
+def cmake_args(settings: Mapping[str, Any], arch: str = "") -> list[str]:
+    """The CMake arguments of the build: base, backend, native (without AMX on x86_64: NO_AMX_FLAGS), GPU targets,
+    ccache, then the user's own (a CMAKE_C_FLAGS or CMAKE_CXX_FLAGS of theirs replaces the AMX flags)."""
     s = _settings(settings)
     args = list(BASE_CMAKE) + list(BACKEND_CMAKE[s["backend"]])
     args.append("-DGGML_NATIVE=ON" if s["native"] else "-DGGML_NATIVE=OFF")
+    args.extend(_no_amx(s, arch))
     targets = BACKENDS[s["backend"]].gpu_targets
     if targets and s[targets[0]]:
         args.append("-D%s=%s" % (targets[1], s[targets[0]]))
@@ -186,5 +205,5 @@ def build_identity(settings: Mapping[str, Any], facts: Mapping[str, Any], recipe
     material = json.dumps(key_material(settings, facts, recipe))
     digest = hashlib.sha256(material.encode("utf-8")).hexdigest()
     backend = _settings(settings)["backend"]
-    return {"id": "%s-%s-%s" % (label[:12], backend, digest[:10]), "label": label, "cmake": cmake_args(settings),
+    return {"id": "%s-%s-%s" % (label[:12], backend, digest[:10]), "label": label, "cmake": cmake_args(settings, facts["architecture"]),
             "source": cluster_source(settings)}

@@ -7,6 +7,8 @@ tests/unit/fixtures/llamacpp_build/identity_jinja_737b23b.yml), and the lab's id
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from llamafleet.core.llamacpp_build import (
     build_identity,
     cluster_source,
     cluster_source_mismatch,
+    NO_AMX_CMAKE,
     key_material,
 )
 
@@ -54,7 +57,7 @@ def _role_defaults() -> dict[str, Any]:
     return {k[len("llamacpp_build_"):]: v for k, v in defaults.items()
             if k[len("llamacpp_build_"):] in ("backend", "source_type", "git_repo", "git_version", "archive_sha256",
                                               "archive_subdir", "version", "cmake_args", "native",
-                                              "cuda_architectures", "rocm_targets", "ccache")}
+                                              "cuda_architectures", "rocm_targets", "ccache", "amx")}
 
 
 def _trusted(value: Any) -> Any:
@@ -100,7 +103,8 @@ CASES = [
 
 @pytest.mark.parametrize(("settings", "facts", "recipe"), CASES)
 def test_same_as_the_former_jinja(settings: dict[str, Any], facts: dict[str, Any], recipe: int) -> None:
-    full = dict(_role_defaults(), **settings)
+    # The former Jinja had no AMX switch: it built what llamacpp_build_amx=true builds (test_amx_left_out_...).
+    full = dict(_role_defaults(), **settings, amx=True)
     identity = build_identity(full, facts, recipe)
     assert identity.pop("source") == cluster_source(full)  # new: what the cluster compares
     assert identity == old_jinja(full, facts, recipe)
@@ -109,14 +113,14 @@ def test_same_as_the_former_jinja(settings: dict[str, Any], facts: dict[str, Any
 def test_the_lab_id_is_pinned() -> None:
     """The lab's artifact cache holds this build: its id must stay, or the lab compiles again (~12 min).
 
-    Computed by the former Jinja (see test_same_as_the_former_jinja, case "lab") for the lab's settings on
-    its hosts (Debian 12, x86_64, 2 x "AMD EPYC" as /proc/cpuinfo shows inside the lab containers),
-    recipe 2 (roles/llamacpp_build/vars/main.yml).
+    For the lab's settings on hosts of Debian 12, x86_64, 2 x "AMD EPYC" (as /proc/cpuinfo showed inside the lab
+    containers of earlier machines), recipe 2 (roles/llamacpp_build/vars/main.yml). It was 0c1e57098bba-cpu-cc8d0a3f18
+    (the former Jinja's, as with llamacpp_build_amx=true) until native builds left AMX out.
     """
     with (ROLE / "vars" / "main.yml").open(encoding="utf-8") as handle:
         recipe = yaml.safe_load(handle)["_llamacpp_build_recipe"]
     identity = build_identity(dict(_role_defaults(), **LAB_SETTINGS), LAB_FACTS, recipe)
-    assert identity["id"] == "0c1e57098bba-cpu-cc8d0a3f18"
+    assert identity["id"] == "0c1e57098bba-cpu-8b00f86314"
     assert identity["label"] == LAB_SETTINGS["version"]
 
 
@@ -142,11 +146,54 @@ def test_cpu_model_counts_only_for_native_builds() -> None:
     assert build_identity(portable, other_cpu, 2)["id"] == build_identity(portable, LAB_FACTS, 2)["id"]
 
 
+@pytest.mark.parametrize(("change", "facts", "left_out"), [
+    ({}, LAB_FACTS, True),                                          # the default: native x86_64, AMX left out
+    ({"amx": True}, LAB_FACTS, False),                              # asked for
+    ({"native": False}, LAB_FACTS, False),                          # no -march=native: ggml's AMX options are off
+    ({}, dict(LAB_FACTS, architecture="aarch64"), False),           # GCC knows no -mno-amx-* there
+    ({"backend": "vulkan"}, LAB_FACTS, True),                       # the CPU part of every backend's build
+])
+def test_amx_left_out_of_native_x86_64_builds(change: dict[str, Any], facts: dict[str, Any], left_out: bool) -> None:
+    """At the pinned llama.cpp ggml's AMX kernels die with SIGILL on an AMX CPU (seen on this project's CI
+    machine): a native x86_64 build compiles with -mno-amx-*, unless llamacpp_build_amx asks for AMX."""
+    settings = dict(_role_defaults(), **LAB_SETTINGS, **change)
+    identity = build_identity(settings, facts, 2)
+    flags = [arg for arg in identity["cmake"] if arg.startswith(("-DCMAKE_C_FLAGS=", "-DCMAKE_CXX_FLAGS="))]
+    assert flags == (list(NO_AMX_CMAKE) if left_out else [])
+    if left_out:
+        assert flags == ["-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+                         "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"]
+        # GGML_NATIVE=ON comes first; the user's own arguments come after and may replace the flags
+        assert identity["cmake"].index("-DGGML_NATIVE=ON") < identity["cmake"].index(flags[0])
+        # an artifact compiled with AMX is never taken for one without
+        assert identity["id"] != build_identity(dict(settings, amx=True), facts, 2)["id"]
+        assert list(NO_AMX_CMAKE) == key_material(settings, facts, 2)["cmake"][-2:]
+
+
+def test_amx_flags_really_turn_amx_off_under_march_native() -> None:
+    """The compiler the hosts build with (Debian's gcc) drops AMX for -march=native followed by -mno-amx-*, whether
+    or not this machine's CPU has AMX: -march=sapphirerapids has it on every x86_64 machine."""
+    gcc = shutil.which("gcc")
+    assert gcc, "gcc is needed (make deps installs it)"
+    flags = NO_AMX_CMAKE[1].split("=", 1)[1].split()
+
+    def macros(*args: str) -> str:
+        return subprocess.run([gcc, *args, "-dM", "-E", "-"], input="", capture_output=True, text=True,
+                              check=True).stdout
+
+    assert "__AMX_INT8__" in macros("-march=sapphirerapids")
+    for order in (["-march=sapphirerapids", *flags], [*flags, "-march=sapphirerapids"]):
+        got = macros(*order)
+        assert "__AMX_TILE__" not in got and "__AMX_INT8__" not in got and "__AMX_BF16__" not in got
+        assert "__AVX512F__" in got  # the rest of the CPU's features stay
+
+
 @pytest.mark.parametrize(("settings", "facts", "message"), [
     ({"backend": "opencl"}, LAB_FACTS, "llamacpp_build_backend='opencl' is not one of cpu, cuda"),
     ({"source_type": "svn"}, LAB_FACTS, "llamacpp_build_source_type='svn' is not git or archive"),
     ({"cmake_args": "-DX=1"}, LAB_FACTS, "llamacpp_build_cmake_args must be a list of strings"),
     ({"native": "yes"}, LAB_FACTS, "llamacpp_build_native must be a boolean"),
+    ({"amx": "no"}, LAB_FACTS, "llamacpp_build_amx must be a boolean"),
     ({"jobs": 4}, LAB_FACTS, "unknown build settings: jobs"),
     ({}, {"architecture": "x86_64"}, "needs the host's facts distribution, distribution_major_version: gather"),
 ])
