@@ -9,7 +9,10 @@ machine does weighs on both alike. Each round gives a pair; the figures are the 
 (time to the first token) and ratios (tok/s), with a 95 % bootstrap interval of each median, beside the plain
 medians of each path. The issue's goal: the edge costs at most 1 % of tok/s and of time to the first token.
 
-    python -m benchmarks.edge_cost [--rounds 30] [--n-predict 64] [--json FILE]
+    python -m benchmarks.edge_cost [--rounds 30] [--n-predict 64] [--requests 500] [--json FILE]
+
+Last, the hop alone: ``--requests`` GET /health each way on new connections, so that what HAProxy adds to one
+request shows in microseconds, without the spread of the model's own timings.
 
 Needs root and the lab deployed with the edge (``make demo``, or ``llamafleet lab up`` and deploy.yml).
 """
@@ -32,11 +35,15 @@ from tests.helpers import INVENTORY
 
 # Runs on the orchestrator with its python3 (stdlib and the shipped llamafleet.bench.measure): one warm-up through
 # each path, then the rounds; prints {"gate": [[ok, ttft_s, tok_s], ...], "edge": [...]}.
+# Then the hop alone: GET /health (answered by llama-server, no model work) on a new connection, each path in turn
+# ("health": [[status, seconds], ...] per path), so that what the edge adds to a request shows without the
+# model's spread.
 REMOTE_SCRIPT = """
-import json, sys
+import http.client, json, sys, time
+from urllib.parse import urlsplit
 from llamafleet.bench.measure import stream_completion
 urls = json.loads(sys.argv[1]); rounds = int(sys.argv[2]); n_predict = int(sys.argv[3])
-key = open(sys.argv[4]).read().split()[0]
+key = open(sys.argv[4]).read().split()[0]; requests = int(sys.argv[5])
 for url in urls.values():
     stream_completion(url, n_predict=8, api_key=key, timeout=300)
 out = {name: [] for name in urls}
@@ -44,6 +51,18 @@ for i in range(rounds):
     for name in (list(urls) if i % 2 == 0 else list(urls)[::-1]):
         r = stream_completion(urls[name], n_predict=n_predict, api_key=key, timeout=300)
         out[name].append([r.ok, r.ttft_s, r.tok_s])
+def health(url):
+    parts = urlsplit(url)
+    started = time.perf_counter()
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    conn.request("GET", "/health", headers={"Authorization": "Bearer " + key})
+    status = conn.getresponse().status
+    conn.close()
+    return [status, time.perf_counter() - started]
+out["health"] = {name: [] for name in urls}
+for i in range(requests):
+    for name in (list(urls) if i % 2 == 0 else list(urls)[::-1]):
+        out["health"][name].append(health(urls[name]))
 print(json.dumps(out))
 """
 
@@ -70,10 +89,19 @@ def paired(gate: list[list], edge: list[list]) -> dict[str, float]:
     }
 
 
+def hop_figures(gate: list[list], edge: list[list]) -> dict[str, float]:
+    """What the edge adds to one small request: the medians of each path and of the pairs' differences (ms)."""
+    extra = [(e[1] - g[1]) * 1000 for g, e in zip(gate, edge)]
+    return {"gate_ms": statistics.median(g[1] for g in gate) * 1000,
+            "edge_ms": statistics.median(e[1] for e in edge) * 1000,
+            "extra_ms": statistics.median(extra), "extra_ms_95": bootstrap_median(extra), "pairs": len(extra)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--n-predict", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=500, help="GET /health requests each way (the hop alone)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     fleet = Fleet.from_inventory(INVENTORY)
@@ -89,12 +117,14 @@ def main() -> int:
     try:
         out = fleet.run_one(
             f"cd {REMOTE} && PYTHONPATH={REMOTE} python3 -c {shlex.quote(REMOTE_SCRIPT)} "
-            f"{shlex.quote(json.dumps(urls))} {args.rounds} {args.n_predict} {constants.API_KEY_PATH}", orch,
-            timeout=60 + args.rounds * 120)
+            f"{shlex.quote(json.dumps(urls))} {args.rounds} {args.n_predict} {constants.API_KEY_PATH} {args.requests}",
+            orch, timeout=60 + args.rounds * 120 + args.requests)
     finally:
         fleet.run(f"rm -rf {REMOTE}", [orch])
     runs = json.loads(out)
+    health = runs.pop("health")
     failed = {name: sum(1 for r in got if not r[0]) for name, got in runs.items()}
+    failed.update({"health " + name: sum(1 for r in got if r[0] != 200) for name, got in health.items()})
     if any(failed.values()):
         sys.exit(f"failed completions: {failed}")
     figures = paired(runs["gate"], runs["edge"])
@@ -108,8 +138,15 @@ def main() -> int:
     print(f"paired: tok/s edge / gate {figures['tok_s_ratio']:.4f} (95 % interval {low:.4f} to {high:.4f}); "
           f"time to first token {figures['ttft_extra_ms']:+.2f} ms through the edge "
           f"({figures['ttft_extra_share'] * 100:+.2f} % of the gate's; 95 % interval {t_low:+.2f} to {t_high:+.2f} ms)")
+    hop = hop_figures(health["gate"], health["edge"])
+    h_low, h_high = hop["extra_ms_95"]
+    print(f"the hop alone ({hop['pairs']} GET /health each way, a new connection each): gate "
+          f"{hop['gate_ms']:.3f} ms, edge {hop['edge_ms']:.3f} ms (medians); the edge adds {hop['extra_ms']:+.3f} ms "
+          f"(95 % interval {h_low:+.3f} to {h_high:+.3f} ms), {hop['extra_ms'] / figures['gate_ttft_ms'] * 100:+.3f} % "
+          "of the time to the first token above")
     if args.json:
-        args.json.write_text(json.dumps({"figures": figures, "runs": runs}, indent=1) + "\n")
+        args.json.write_text(json.dumps({"figures": figures, "hop": hop, "runs": runs, "health": health}, indent=1)
+                             + "\n")
     return 0
 
 
