@@ -98,7 +98,7 @@ lint: venv
 # copy under .../ansible_collections/llamafleet/cluster as ansible-test requires.
 # Its pip bootstrap normally comes from ci-files.testing.ansible.com; where only
 # PyPI is reachable, tests/sanity/get_pip_offline.py does the same job.
-SANITY_EXCLUDE := ^(collections/|llamafleet/|benchmarks/|extensions/|tests/(integration|e2e|conftest\.py|helpers\.py|__init__\.py|unit/llamafleet/|output/)|requirements/|pyproject\.toml|Makefile|\.ci/)
+SANITY_EXCLUDE := ^(collections/|llamafleet/|benchmarks/|extensions/|tests/(integration|e2e|device|conftest\.py|helpers\.py|__init__\.py|unit/llamafleet/|output/)|requirements/|pyproject\.toml|Makefile|\.ci/)
 
 sanity: venv
 	@echo "==> ansible-test sanity (collection content, Python 3.11)"

@@ -53,6 +53,26 @@ def test_collect_cuda_host() -> None:
     assert [d["ggml_name"] for d in found["rpc_devices"]] == ["CUDA0", "CUDA1"]
 
 
+def test_collect_real_h100_serves_llama_cpps_figures() -> None:
+    """A real H100 (tests/device/cuda_rpc_check.sh): nvidia-smi and the CUDA rpc-server's own listing, as recorded.
+    The worker offers what llama.cpp sees (81,079 MiB, 80,552 free), not nvidia-smi's 81,559 total: the planner
+    must not count the 480 MiB the CUDA runtime keeps."""
+    host = FakeHost(
+        {"nvidia-smi": {NVIDIA_ARGS: (0, fixture("nvidia-smi_query_nounits_h100_real.txt"), "")},
+         "ggml-rpc-server": {("-d", "__llamafleet_probe__"): (1, fixture("rpc-server_v7.0.0_cuda_h100_real.txt"), "")}},
+        {"/proc/meminfo": fixture("proc_meminfo_debian12_real.txt"), "/proc/cpuinfo": "model name\t: Intel Xeon\n"})
+    found = collect_devices(host.run, host.which, host.read_text, backends=["cuda", "cpu"],
+                            rpc_server="/opt/llamafleet/llama.cpp/current/bin/ggml-rpc-server")
+    assert found["errors"] == []
+    assert found["tools"] == {"nvidia-smi": "ok", "rpc-server": "ok"}
+    (gpu, _cpu) = found["devices"]
+    assert (gpu["ggml_name"], gpu["total_mib"], gpu["free_mib"], gpu["uuid"]) == (
+        "CUDA0", 81559, 81079, "GPU-6c92a1df-0c08-49d4-89d8-ba51d3efd917")
+    assert found["backend"] == "cuda"
+    assert [(d["ggml_name"], d["total_mib"], d["free_mib"], d["source"]) for d in found["rpc_devices"]] == [
+        ("CUDA0", 81079, 80552, "rpc-server")]
+
+
 NVIDIA_DRIVER_DOWN = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
                       "Make sure that the latest NVIDIA driver is installed and running.\n")
 

@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+# Copyright: llamafleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The CUDA check, run on a lent NVIDIA machine by tests/device/cuda_rpc_check.sh (see there).
+
+    python3 -m tests.device.cuda_rpc_check args CAP          the CMake arguments the role renders for CUDA on CAP
+    python3 -m tests.device.cuda_rpc_check run BIN OUT WORK  probe, rpc-server with the rendered argv, loads
+
+``run`` writes ``OUT/report.json``: what gpu_facts' probe reads on the machine (nvidia-smi, rpc-server's own device
+listing), the rpc-server argv the rpc_server role renders (``-d CUDA0 -c``), and four loads of one synthetic model by
+llama-bench: local on CUDA0, then through rpc-server (and the byte-counting relay) with an empty cache, with the
+cache rpc-server wrote, and with a cache that ``rpc_cache.seed_cache`` wrote from the GGUF alone. Only the standard
+library, the project's own modules and what the machine has (numpy, and the gguf wheel carried for the model).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from llamafleet.core.gpu_probe import collect_devices, read_text_file
+from llamafleet.core.llama_flags import render_rpc_server_argv, rpc_server_features
+from llamafleet.core.llamacpp_build import cmake_args
+from llamafleet.core.rpc_cache import seed_cache
+
+# The device rpc-server serves (CPU for a dry run of this script on a machine without a GPU).
+DEVICE = os.environ.get("LLAMAFLEET_CHECK_DEVICE", "CUDA0")
+RPC_PORT = 50052
+RELAY_PORT = 50100
+# 2 layers of a 2,048-wide llama in Q8_0 (111 MB): 6 tensors over rpc-server's 10 MiB hash threshold.
+MODEL_ARGS = ["--layers", "2", "--hidden", "2048", "--ffn", "5632", "--heads", "16", "--kv-heads", "16",
+              "--type", "q8_0", "--quiet"]
+
+
+def run(argv: list[str], timeout: float = 120, **kw: Any) -> tuple[int, str, str]:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kw)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def wait_port(port: int, timeout: float = 60) -> None:
+    import socket
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError("nothing listens on 127.0.0.1:%d after %d s" % (port, timeout))
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def bench(bench_bin: str, model: str, rpc: str | None, log: Path) -> dict[str, Any]:
+    argv = [bench_bin, "-m", model, "-ngl", "99", "-p", "128", "-n", "32", "-r", "2", "-o", "json"]
+    if rpc:
+        argv += ["--rpc", rpc]
+    started = time.monotonic()
+    rc, out, err = run(argv, timeout=180)
+    took = time.monotonic() - started
+    with log.open("a") as f:
+        f.write("$ %s\n(rc=%d, %.1f s)\n%s\n%s\n" % (" ".join(argv), rc, took, out, err[-4000:]))
+    results = json.loads(out) if rc == 0 and out.strip().startswith("[") else []
+    return {"rc": rc, "seconds": round(took, 2),
+            "tok_s": {("pp%d" % r["n_prompt"] if r["n_prompt"] else "tg%d" % r["n_gen"]): round(r["avg_ts"], 1)
+                      for r in results},
+            "devices": sorted({r.get("devices", r.get("backends", "")) for r in results})}
+
+
+def rpc_load(rpc_argv: list[str], cache_home: Path, bench_bin: str, model: str, work: Path, log: Path
+             ) -> dict[str, Any]:
+    """One llama-bench run through the relay to a fresh rpc-server whose LLAMA_CACHE is ``cache_home``."""
+    stats = work / "relay.json"
+    stats.unlink(missing_ok=True)
+    env = dict(os.environ, LLAMA_CACHE=str(cache_home))
+    server_log = (work / "rpc-server.log").open("a")
+    server = subprocess.Popen(rpc_argv, env=env, stdout=server_log, stderr=subprocess.STDOUT)
+    relay = subprocess.Popen([sys.executable, "-m", "llamafleet.bench.rpcproxy", "--listen",
+                              "127.0.0.1:%d" % RELAY_PORT, "--upstream", "127.0.0.1:%d" % RPC_PORT,
+                              "--delay-ms", "0", "--mode", "compute", "--armed", "--stats", str(stats),
+                              "--stats-interval", "0.2"])
+    try:
+        wait_port(RPC_PORT)
+        wait_port(RELAY_PORT)
+        result = bench(bench_bin, model, "127.0.0.1:%d" % RELAY_PORT, log)
+        time.sleep(0.6)
+    finally:
+        stop(relay)
+        stop(server)
+        server_log.close()
+    counters = json.loads(stats.read_text()) if stats.exists() else {}
+    result["bytes_to_rpc_server"] = counters.get("bytes_to_upstream")
+    result["set_tensor_hash"] = counters.get("commands", {}).get("SET_TENSOR_HASH", {}).get("count")
+    result["set_tensor_bytes"] = counters.get("commands", {}).get("SET_TENSOR", {}).get("payload_bytes")
+    cache = cache_home / "rpc"
+    # (the seeding's own index, a dotfile, is not one of rpc-server's files)
+    result["cache_files"] = sorted(p.name for p in cache.iterdir() if not p.name.startswith(".")) if cache.is_dir() else []
+    return result
+
+
+def main_run(bin_dir: Path, out: Path, work: Path) -> int:
+    rpc_bin, bench_bin = str(bin_dir / "ggml-rpc-server"), str(bin_dir / "llama-bench")
+    report: dict[str, Any] = {}
+    found = collect_devices(lambda argv: run(list(argv)), shutil.which, read_text_file, backends=["cuda", "cpu"],
+                            rpc_server=rpc_bin)
+    print("devices", json.dumps(found["devices"]), "errors", found["errors"], flush=True)
+    report["gpu_facts"] = found
+    rc, help_out, help_err = run([rpc_bin, "--help"])
+    (out / "ggml-rpc-server_help.txt").write_text(help_out + help_err)
+    features = rpc_server_features(help_out + help_err)
+    rpc_argv = render_rpc_server_argv(rpc_bin, features, host="127.0.0.1", port=RPC_PORT, devices=[DEVICE],
+                                      cache=True)
+    report["rpc_server_argv"] = rpc_argv
+    print(json.dumps({k: report[k] for k in ("rpc_server_argv",)}), flush=True)
+    print("rpc_devices", json.dumps(found["rpc_devices"]), flush=True)
+
+    model = str(work / "synth.gguf")
+    started = time.monotonic()
+    rc, o, e = run([sys.executable, "-m", "llamafleet.bench.synth", model, *MODEL_ARGS], timeout=300)
+    report["model"] = {"rc": rc, "bytes": os.path.getsize(model) if rc == 0 else None,
+                       "seconds": round(time.monotonic() - started, 1), "err": e[-500:]}
+    if rc:
+        (out / "report.json").write_text(json.dumps(report, indent=1))
+        return 1
+    log = out / "llama-bench.txt"
+    report["local_cuda"] = bench(bench_bin, model, None, log)
+    print("local", report["local_cuda"], flush=True)
+    loads = {}
+    for name, home in (("rpc_empty_cache", work / "cache-a"), ("rpc_cache_it_wrote", work / "cache-a")):
+        loads[name] = rpc_load(rpc_argv, home, bench_bin, model, work, log)
+        print(name, {k: v for k, v in loads[name].items() if k != "cache_files"}, flush=True)
+    seeded = work / "cache-b"
+    started = time.monotonic()
+    result = seed_cache(model, str(seeded / "rpc"))
+    loads["seed"] = {"seconds": round(time.monotonic() - started, 1), "seeded_files": len(result.seeded_files),
+                     "seeded_bytes": result.seeded_bytes, "hasher": result.hasher,
+                     "warnings": list(result.warnings)[:3]}
+    loads["rpc_cache_we_seeded"] = rpc_load(rpc_argv, seeded, bench_bin, model, work, log)
+    print("rpc_cache_we_seeded", {k: v for k, v in loads["rpc_cache_we_seeded"].items() if k != "cache_files"},
+          flush=True)
+    loads["same_cache_files"] = (loads["rpc_cache_it_wrote"]["cache_files"]
+                                 == loads["rpc_cache_we_seeded"]["cache_files"])
+    report["loads"] = loads
+    shutil.copy(work / "rpc-server.log", out / "rpc-server.log")
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["args"]:
+        print("\n".join(cmake_args({"backend": "cuda", "cuda_architectures": argv[1], "ccache": False}, "x86_64")))
+        return 0
+    if argv[:1] == ["run"]:
+        return main_run(Path(argv[1]), Path(argv[2]), Path(argv[3]))
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
