@@ -11,8 +11,14 @@ medians of each path. The issue's goal: the edge costs at most 1 % of tok/s and 
 
     python -m benchmarks.edge_cost [--rounds 30] [--n-predict 64] [--requests 500] [--json FILE]
 
+Then each relay on the same stream: ``--relay-rounds`` pairs of completions that ask llama-server for its timings
+with every token (``timings_per_token``). Per stream, the decode time the client saw (first token to last) against
+the decode time llama-server reports for the same tokens, and the time to the first token beyond llama-server's own
+prompt and first-token work: whatever the model's speed that round, what is left is the relays' share, so the
+paired figures compare the edge with the gate without the model's spread.
+
 Last, the hop alone: ``--requests`` GET /health each way on new connections, so that what HAProxy adds to one
-request shows in microseconds, without the spread of the model's own timings.
+request shows in microseconds.
 
 Needs root and the lab deployed with the edge (``make demo``, or ``llamafleet lab up`` and deploy.yml).
 """
@@ -26,6 +32,7 @@ import shlex
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 from llamafleet.cluster import Endpoint
 from llamafleet.core import constants
@@ -43,7 +50,8 @@ import http.client, json, sys, time
 from urllib.parse import urlsplit
 from llamafleet.bench.measure import stream_completion
 urls = json.loads(sys.argv[1]); rounds = int(sys.argv[2]); n_predict = int(sys.argv[3])
-key = open(sys.argv[4]).read().split()[0]; requests = int(sys.argv[5])
+key = open(sys.argv[4]).read().split()[0]; requests = int(sys.argv[5]); relay_rounds = int(sys.argv[6])
+from llamafleet.bench.measure import DEFAULT_PROMPT as PROMPT
 for url in urls.values():
     stream_completion(url, n_predict=8, api_key=key, timeout=300)
 out = {name: [] for name in urls}
@@ -59,6 +67,30 @@ def health(url):
     status = conn.getresponse().status
     conn.close()
     return [status, time.perf_counter() - started]
+from llamafleet.bench.measure import request_body, sse_data
+def timed_stream(url):
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=300)
+    body = json.dumps(request_body("/completion", PROMPT, n_predict, {"timings_per_token": True})).encode()
+    started = time.perf_counter()
+    conn.request("POST", "/completion", body=body, headers={"Authorization": "Bearer " + key,
+                                                           "Content-Type": "application/json"})
+    resp = conn.getresponse()
+    points = []
+    for data in sse_data(iter(resp.readline, b"")):
+        now = time.perf_counter()
+        try:
+            t = json.loads(data).get("timings") or {}
+        except ValueError:
+            continue
+        if "predicted_ms" in t:
+            points.append([now - started, t.get("prompt_ms", 0.0), t["predicted_ms"], t.get("predicted_n", 0)])
+    conn.close()
+    return [resp.status, points]
+out["relay"] = {name: [] for name in urls}
+for i in range(relay_rounds):
+    for name in (list(urls) if i % 2 == 0 else list(urls)[::-1]):
+        out["relay"][name].append(timed_stream(urls[name]))
 out["health"] = {name: [] for name in urls}
 for i in range(requests):
     for name in (list(urls) if i % 2 == 0 else list(urls)[::-1]):
@@ -89,6 +121,30 @@ def paired(gate: list[list], edge: list[list]) -> dict[str, float]:
     }
 
 
+def stream_shares(points: list[list[float]]) -> tuple[float, float]:
+    """One stream's (seen, overhead_ms): the share of llama-server's decode speed the client saw (llama-server's decode
+    time over the client's, first token to last), and the time to the first token beyond llama-server's own prompt
+    and first-token work. ``points``: [client seconds since the request, prompt_ms, predicted_ms, predicted_n]."""
+    first, last = points[0], points[-1]
+    seen = (last[2] - first[2]) / ((last[0] - first[0]) * 1000)
+    return seen, first[0] * 1000 - first[1] - first[2]
+
+
+def relay_figures(gate: list[list], edge: list[list]) -> dict[str, Any]:
+    """The relays compared on pairs of streams: medians of each path's share and overhead, the median of the pairs'
+    ratios of shares (edge / gate: the tok/s the edge keeps) and differences of overhead, with 95 % intervals."""
+    pairs = [(stream_shares(g[1]), stream_shares(e[1])) for g, e in zip(gate, edge)
+             if len(g[1]) >= 2 and len(e[1]) >= 2]
+    ratios = [e[0] / g[0] for g, e in pairs]
+    extra = [e[1] - g[1] for g, e in pairs]
+    return {"gate_seen": statistics.median(g[0] for g, _ in pairs), "edge_seen": statistics.median(e[0] for _, e in pairs),
+            "gate_overhead_ms": statistics.median(g[1] for g, _ in pairs),
+            "edge_overhead_ms": statistics.median(e[1] for _, e in pairs),
+            "tok_s_ratio": statistics.median(ratios), "tok_s_ratio_95": bootstrap_median(ratios),
+            "overhead_extra_ms": statistics.median(extra), "overhead_extra_ms_95": bootstrap_median(extra),
+            "pairs": len(pairs)}
+
+
 def hop_figures(gate: list[list], edge: list[list]) -> dict[str, float]:
     """What the edge adds to one small request: the medians of each path and of the pairs' differences (ms)."""
     extra = [(e[1] - g[1]) * 1000 for g, e in zip(gate, edge)]
@@ -102,6 +158,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--n-predict", type=int, default=64)
     parser.add_argument("--requests", type=int, default=500, help="GET /health requests each way (the hop alone)")
+    parser.add_argument("--relay-rounds", type=int, default=40,
+                        help="pairs of completions with llama-server's timings per token (each relay's share)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     fleet = Fleet.from_inventory(INVENTORY)
@@ -117,14 +175,16 @@ def main() -> int:
     try:
         out = fleet.run_one(
             f"cd {REMOTE} && PYTHONPATH={REMOTE} python3 -c {shlex.quote(REMOTE_SCRIPT)} "
-            f"{shlex.quote(json.dumps(urls))} {args.rounds} {args.n_predict} {constants.API_KEY_PATH} {args.requests}",
-            orch, timeout=60 + args.rounds * 120 + args.requests)
+            f"{shlex.quote(json.dumps(urls))} {args.rounds} {args.n_predict} {constants.API_KEY_PATH} {args.requests} "
+            f"{args.relay_rounds}", orch, timeout=60 + (args.rounds + args.relay_rounds) * 120 + args.requests)
     finally:
         fleet.run(f"rm -rf {REMOTE}", [orch])
     runs = json.loads(out)
     health = runs.pop("health")
+    relay = runs.pop("relay")
     failed = {name: sum(1 for r in got if not r[0]) for name, got in runs.items()}
     failed.update({"health " + name: sum(1 for r in got if r[0] != 200) for name, got in health.items()})
+    failed.update({"relay " + name: sum(1 for r in got if r[0] != 200 or len(r[1]) < 2) for name, got in relay.items()})
     if any(failed.values()):
         sys.exit(f"failed completions: {failed}")
     figures = paired(runs["gate"], runs["edge"])
@@ -138,6 +198,16 @@ def main() -> int:
     print(f"paired: tok/s edge / gate {figures['tok_s_ratio']:.4f} (95 % interval {low:.4f} to {high:.4f}); "
           f"time to first token {figures['ttft_extra_ms']:+.2f} ms through the edge "
           f"({figures['ttft_extra_share'] * 100:+.2f} % of the gate's; 95 % interval {t_low:+.2f} to {t_high:+.2f} ms)")
+    shares = relay_figures(relay["gate"], relay["edge"])
+    r_low, r_high = shares["tok_s_ratio_95"]
+    o_low, o_high = shares["overhead_extra_ms_95"]
+    print(f"each relay on the same stream ({shares['pairs']} pairs with llama-server's timings per token): the "
+          f"client saw {shares['gate_seen'] * 100:.2f} % of llama-server's decode speed from the gate and "
+          f"{shares['edge_seen'] * 100:.2f} % through the edge (medians); tok/s edge / gate {shares['tok_s_ratio']:.4f} "
+          f"(95 % interval {r_low:.4f} to {r_high:.4f}); time to the first token beyond llama-server's own work: gate "
+          f"{shares['gate_overhead_ms']:.2f} ms, edge {shares['edge_overhead_ms']:.2f} ms, the edge adds "
+          f"{shares['overhead_extra_ms']:+.2f} ms (95 % interval {o_low:+.2f} to {o_high:+.2f} ms), "
+          f"{shares['overhead_extra_ms'] / figures['gate_ttft_ms'] * 100:+.2f} % of the time to the first token")
     hop = hop_figures(health["gate"], health["edge"])
     h_low, h_high = hop["extra_ms_95"]
     print(f"the hop alone ({hop['pairs']} GET /health each way, a new connection each): gate "
@@ -145,8 +215,8 @@ def main() -> int:
           f"(95 % interval {h_low:+.3f} to {h_high:+.3f} ms), {hop['extra_ms'] / figures['gate_ttft_ms'] * 100:+.3f} % "
           "of the time to the first token above")
     if args.json:
-        args.json.write_text(json.dumps({"figures": figures, "hop": hop, "runs": runs, "health": health}, indent=1)
-                             + "\n")
+        args.json.write_text(json.dumps({"figures": figures, "relay_figures": shares, "hop": hop, "runs": runs,
+                                         "relay": relay, "health": health}, indent=1) + "\n")
     return 0
 
 
