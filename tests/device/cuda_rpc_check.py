@@ -5,12 +5,19 @@
 
     python3 -m tests.device.cuda_rpc_check args CAP          the CMake arguments the role renders for CUDA on CAP
     python3 -m tests.device.cuda_rpc_check run BIN OUT WORK  probe, rpc-server with the rendered argv, loads
+    python3 -m tests.device.cuda_rpc_check serve BIN OUT WORK  probe, then the plan served by llama-server
 
 ``run`` writes ``OUT/report.json``: what gpu_facts' probe reads on the machine (nvidia-smi, rpc-server's own device
 listing), the rpc-server argv the rpc_server role renders (``-d CUDA0 -c``), and four loads of one synthetic model by
 llama-bench: local on CUDA0, then through rpc-server (and the byte-counting relay) with an empty cache, with the
 cache rpc-server wrote, and with a cache that ``rpc_cache.seed_cache`` wrote from the GGUF alone. Only the standard
 library, the project's own modules and what the machine has (numpy, and the gguf wheel carried for the model).
+
+``serve`` plans the split over that rpc-server's devices as llama_server's rpc_plan does (``split_plan.plan_split``
+on gpu_facts' devices and the model's GGUF facts), starts llama-server with the argv the role renders (``-lv 5``),
+asks for a completion, and writes ``OUT/serve.json``: the plan, llama.cpp's load log against it
+(``log_parse.compare_with_plan``) and its model, KV and compute buffers per device against the plan's figures
+(``log_parse.buffers_against_plan``).
 """
 
 from __future__ import annotations
@@ -25,8 +32,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from llamafleet.core.gguf_facts import model_facts
 from llamafleet.core.gpu_probe import collect_devices, read_text_file
-from llamafleet.core.llama_flags import render_rpc_server_argv, rpc_server_features
+from llamafleet.core.llama_flags import render_llama_server_argv, render_rpc_server_argv, rpc_server_features, server_features
+from llamafleet.core.log_parse import buffers_against_plan, compare_with_plan, parse_load_log
+from llamafleet.core.split_plan import plan_split
 from llamafleet.core.llamacpp_build import cmake_args
 from llamafleet.core.rpc_cache import seed_cache
 
@@ -34,6 +44,7 @@ from llamafleet.core.rpc_cache import seed_cache
 DEVICE = os.environ.get("LLAMAFLEET_CHECK_DEVICE", "CUDA0")
 RPC_PORT = 50052
 RELAY_PORT = 50100
+SERVER_PORT = 8090
 # 2 layers of a 2,048-wide llama in Q8_0 (111 MB): 6 tensors over rpc-server's 10 MiB hash threshold.
 MODEL_ARGS = ["--layers", "2", "--hidden", "2048", "--ffn", "5632", "--heads", "16", "--kv-heads", "16",
               "--type", "q8_0", "--quiet"]
@@ -160,10 +171,86 @@ def main_run(bin_dir: Path, out: Path, work: Path) -> int:
     return 0
 
 
+def probe(bin_dir: Path) -> tuple[dict[str, Any], list[str]]:
+    """gpu_facts' probe of this machine, and the rpc-server argv the rpc_server role renders for DEVICE."""
+    rpc_bin = str(bin_dir / "ggml-rpc-server")
+    found = collect_devices(lambda argv: run(list(argv)), shutil.which, read_text_file, backends=["cuda", "cpu"],
+                            rpc_server=rpc_bin)
+    rc, help_out, help_err = run([rpc_bin, "--help"])
+    argv = render_rpc_server_argv(rpc_bin, rpc_server_features(help_out + help_err), host="127.0.0.1", port=RPC_PORT,
+                                  devices=[DEVICE], cache=True)
+    return found, argv
+
+
+def make_model(work: Path) -> str:
+    model = work / "synth.gguf"
+    if not model.exists():
+        subprocess.run([sys.executable, "-m", "llamafleet.bench.synth", str(model), *MODEL_ARGS], check=True,
+                       timeout=300)
+    return str(model)
+
+
+def main_serve(bin_dir: Path, out: Path, work: Path) -> int:
+    found, rpc_argv = probe(bin_dir)
+    model = make_model(work)
+    server_bin = str(bin_dir / "llama-server")
+    rc, h_out, h_err = run([server_bin, "--help"])
+    worker = {"host": "gpu", "address": "127.0.0.1", "port": RPC_PORT, "devices": found["rpc_devices"]}
+    plan = plan_split([worker], None, model_facts(model), ctx_size=4096, n_parallel=4, kv_unified=True)
+    argv = render_llama_server_argv(server_bin, plan, server_features(h_out + h_err), model, host="127.0.0.1",
+                                    port=SERVER_PORT, log_verbosity=5)
+    report: dict[str, Any] = {"rpc_devices": found["rpc_devices"], "rpc_server_argv": rpc_argv,
+                              "llama_server_argv": argv, "plan": plan}
+    print("llama-server", " ".join(argv), flush=True)
+    server_log = work / "llama-server.log"
+    env = dict(os.environ, LLAMA_CACHE=str(work / "cache-serve"))
+    with (work / "rpc-server-serve.log").open("w") as rlog, server_log.open("w") as slog:
+        rpc = subprocess.Popen(rpc_argv, env=env, stdout=rlog, stderr=subprocess.STDOUT)
+        server = None
+        try:
+            wait_port(RPC_PORT)
+            server = subprocess.Popen(argv, stdout=slog, stderr=subprocess.STDOUT)
+            report["health_s"] = wait_health(SERVER_PORT, 180)
+            started = time.monotonic()
+            body = json.dumps({"prompt": "The quick brown fox", "n_predict": 32, "ignore_eos": True}).encode()
+            rc, o, e = run(["curl", "-sf", "-H", "Content-Type: application/json", "-d", body.decode(),
+                            "http://127.0.0.1:%d/completion" % SERVER_PORT], timeout=120)
+            answer = json.loads(o) if rc == 0 else {}
+            report["completion"] = {"rc": rc, "seconds": round(time.monotonic() - started, 2),
+                                    "tokens": answer.get("tokens_predicted"), "timings": answer.get("timings")}
+        finally:
+            if server is not None:
+                stop(server)
+            stop(rpc)
+    parsed = parse_load_log(server_log.read_text(errors="replace"))
+    report["compare_with_plan"] = compare_with_plan(plan, parsed)
+    rows, problems = buffers_against_plan(plan, parsed)
+    report["buffers"], report["buffer_problems"] = rows, problems
+    shutil.copy(server_log, out / "llama-server.log")
+    (out / "serve.json").write_text(json.dumps(report, indent=1, default=str))
+    print(json.dumps({k: report.get(k) for k in ("health_s", "completion", "compare_with_plan", "buffers",
+                                                 "buffer_problems")}, default=str), flush=True)
+    return 0 if report.get("completion", {}).get("rc") == 0 and not report["compare_with_plan"] else 1
+
+
+def wait_health(port: int, timeout: float) -> float:
+    """Seconds until llama-server's /health answers 200 (its model loaded)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        rc, o, e = run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "http://127.0.0.1:%d/health" % port],
+                       timeout=10)
+        if o.strip() == "200":
+            return round(time.monotonic() - started, 1)
+        time.sleep(0.5)
+    raise TimeoutError("llama-server: /health not 200 after %d s" % timeout)
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["args"]:
         print("\n".join(cmake_args({"backend": "cuda", "cuda_architectures": argv[1], "ccache": False}, "x86_64")))
         return 0
+    if argv[:1] == ["serve"]:
+        return main_serve(Path(argv[1]), Path(argv[2]), Path(argv[3]))
     if argv[:1] == ["run"]:
         return main_run(Path(argv[1]), Path(argv[2]), Path(argv[3]))
     print(__doc__, file=sys.stderr)

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The CUDA check a session runs when it is lent an NVIDIA machine (the device tool's run; nothing here runs in
 # make test, which has no GPU). From the repository root, in one call:
-#   OUT=DIR tests/device/cuda_rpc_check.sh
+#   OUT=DIR [PHASES="run serve"] tests/device/cuda_rpc_check.sh
 # It builds llama.cpp's CUDA backend for that GPU alone with the CMake arguments the llamacpp_build role renders
 # (module_utils/llamacpp_build.cmake_args: CUDA on, native, CMAKE_CUDA_ARCHITECTURES of the GPU), then
 # tests/device/cuda_rpc_check.py probes the devices as gpu_facts does, starts rpc-server with the argv the
 # rpc_server role renders, and loads a synthetic model through it. It writes to OUT: nvidia-smi.txt,
 # nvidia-smi_query_nounits.txt (gpu_probe's query), ggml-rpc-server_help.txt, rpc-server_listing.txt (its device
-# listing, as gpu_probe reads it), report.json, llama-bench.txt, rpc-server.log and build.log.
+# listing, as gpu_probe reads it), report.json, llama-bench.txt, rpc-server.log and build.log (phase run); serve.json
+# and llama-server.log (phase serve: the planned split served by llama-server through that rpc-server).
 # Needs, carried (.devcheck, ignored by git: see the README's "A lent GPU"): llama.cpp-src.tar.xz, the lab's
 # llama.cpp source without its models and docs, and the gguf wheel (the synthetic model's writer).
 set -u
@@ -27,15 +28,21 @@ mapfile -t args < <(python3 -m tests.device.cuda_rpc_check args "$cap")
 log "cmake ${args[*]}"
 cmake -S "$work/llama.cpp" -B "$work/build" -G Ninja "${args[@]}" > "$out/build.log" 2>&1 \
   || { tail -n 40 "$out/build.log"; exit 1; }
-log "building ggml-rpc-server and llama-bench"
+phases=${PHASES:-run serve}
+targets=(ggml-rpc-server)
+case " $phases " in *" run "*) targets+=(llama-bench) ;; esac
+case " $phases " in *" serve "*) targets+=(llama-server) ;; esac
+log "building ${targets[*]}"
 started=$(date +%s)
-timeout "${BUILD_TIMEOUT:-450}" cmake --build "$work/build" -j "$(nproc)" --target ggml-rpc-server llama-bench \
+timeout "${BUILD_TIMEOUT:-450}" cmake --build "$work/build" -j "$(nproc)" --target "${targets[@]}" \
   >> "$out/build.log" 2>&1 || { log "build failed or timed out"; tail -n 30 "$out/build.log"; exit 1; }
 log "built in $(( $(date +%s) - started )) s"
 bin=$work/build/bin
 "$bin/ggml-rpc-server" -d __llamafleet_probe__ > "$out/rpc-server_listing.txt" 2>&1
 cat "$out/rpc-server_listing.txt"
-timeout 400 python3 -m tests.device.cuda_rpc_check run "$bin" "$out" "$work"
-rc=$?
+rc=0
+for phase in $phases; do
+  timeout 400 python3 -m tests.device.cuda_rpc_check "$phase" "$bin" "$out" "$work" || rc=$?
+done
 log "done (rc=$rc)"
 exit $rc
