@@ -34,7 +34,8 @@ from typing import Any
 
 from llamafleet.core.gguf_facts import model_facts
 from llamafleet.core.gpu_probe import collect_devices, read_text_file
-from llamafleet.core.llama_flags import render_llama_server_argv, render_rpc_server_argv, rpc_server_features, server_features
+from llamafleet.core.llama_flags import (render_llama_server_argv, render_rpc_server_argv, rpc_server_features,
+                                        server_features)
 from llamafleet.core.log_parse import buffers_against_plan, compare_with_plan, parse_load_log
 from llamafleet.core.split_plan import plan_split
 from llamafleet.core.llamacpp_build import cmake_args
