@@ -120,7 +120,8 @@ def rpc_load(rpc_argv: list[str], cache_home: Path, bench_bin: str, model: str, 
     result["set_tensor_bytes"] = counters.get("commands", {}).get("SET_TENSOR", {}).get("payload_bytes")
     cache = cache_home / "rpc"
     # (the seeding's own index, a dotfile, is not one of rpc-server's files)
-    result["cache_files"] = sorted(p.name for p in cache.iterdir() if not p.name.startswith(".")) if cache.is_dir() else []
+    names = [p.name for p in cache.iterdir()] if cache.is_dir() else []
+    result["cache_files"] = sorted(name for name in names if not name.startswith("."))
     return result
 
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Prepares what tests/device/cuda_rpc_check.sh needs on the lent machine, which reaches no network, within the
 # device tool's 64 MiB: .devcheck/llama.cpp-src.tar.xz (the lab's pinned llama.cpp source from the controller's
-# cache, without its models, docs and examples: about 7.6 MB; scripts/ holds the UI step llama-server builds with) and the gguf wheel. .devcheck is ignored by git
-# (add "/.devcheck/" to .git/info/exclude) and carried by the call: carry [".devcheck"].
+# cache, without its models, docs and examples: about 7.6 MB; scripts/ holds the UI step llama-server builds
+# with) and the gguf wheel. .devcheck is ignored by git (add "/.devcheck/" to .git/info/exclude) and carried by the
+# call: carry [".devcheck"].
 set -eu
 cache=${LLAMAFLEET_CACHE:-/var/cache/llamafleet}
 sdist=$(ls "$cache"/src/llama_cpp_python-*.tar.gz | head -n 1)
@@ -11,8 +12,8 @@ trap 'rm -rf "$tmp"' EXIT
 mkdir -p .devcheck
 tar -xzf "$sdist" -C "$tmp"
 vendor=$(ls -d "$tmp"/*/vendor)
-(cd "$vendor" && tar -cJf "$OLDPWD/.devcheck/llama.cpp-src.tar.xz" llama.cpp/CMakeLists.txt llama.cpp/app llama.cpp/cmake llama.cpp/scripts \
-  llama.cpp/common llama.cpp/ggml llama.cpp/include llama.cpp/src llama.cpp/tools llama.cpp/vendor llama.cpp/licenses \
+(cd "$vendor" && tar -cJf "$OLDPWD/.devcheck/llama.cpp-src.tar.xz" llama.cpp/CMakeLists.txt llama.cpp/app \
+  llama.cpp/cmake llama.cpp/scripts llama.cpp/common llama.cpp/ggml llama.cpp/include llama.cpp/src llama.cpp/tools llama.cpp/vendor llama.cpp/licenses \
   llama.cpp/LICENSE)
 # the gguf of the project's lock (requirements/lock.txt), for the machine's Python
 python3 -m pip download -q --no-deps --only-binary=:all: -d .devcheck "$(grep -E '^gguf==' requirements/lock.txt)"
