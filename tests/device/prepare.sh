@@ -13,7 +13,8 @@ mkdir -p .devcheck
 tar -xzf "$sdist" -C "$tmp"
 vendor=$(ls -d "$tmp"/*/vendor)
 (cd "$vendor" && tar -cJf "$OLDPWD/.devcheck/llama.cpp-src.tar.xz" llama.cpp/CMakeLists.txt llama.cpp/app \
-  llama.cpp/cmake llama.cpp/scripts llama.cpp/common llama.cpp/ggml llama.cpp/include llama.cpp/src llama.cpp/tools llama.cpp/vendor llama.cpp/licenses \
+  llama.cpp/cmake llama.cpp/scripts llama.cpp/common llama.cpp/ggml llama.cpp/include llama.cpp/src \
+  llama.cpp/tools llama.cpp/vendor llama.cpp/licenses \
   llama.cpp/LICENSE)
 # the gguf of the project's lock (requirements/lock.txt), for the machine's Python
 python3 -m pip download -q --no-deps --only-binary=:all: -d .devcheck "$(grep -E '^gguf==' requirements/lock.txt)"
