@@ -31,13 +31,18 @@ from llamafleet.lab.paths import LabPaths
 from tests.helpers import cli, listeners, playbook
 
 VULKAN_HOST = "lab3"
+# The mixed lab's hosts run without the lab's default memory limit (4,096 MiB each): the Vulkan build compiles
+# ggml-vulkan's embedded shaders (mul_mm.comp.cpp and the like), and two such compiler jobs in 4 GiB were killed for
+# memory on an empty cache (session 30: "c++: fatal error: Killed signal terminated program cc1plus"). The other
+# modules' ``deployed`` fixture brings the limit back (``lab up --hosts 3``).
+NO_MEMORY_LIMIT = ("--memory-mib", "0")
 BUILDINFO = "/opt/llamafleet/llama.cpp/current/BUILDINFO.json"
 
 
 @pytest.fixture(scope="module")
 def mixed(lab):
     started = time.monotonic()
-    cli("lab", "up", "--hosts", "3", "--vulkan", VULKAN_HOST, timeout=1200)
+    cli("lab", "up", "--hosts", "3", "--vulkan", VULKAN_HOST, *NO_MEMORY_LIMIT, timeout=1200)
     run = playbook("deploy.yml", timeout=5400)
     assert run.rc == 0, f"deploy.yml on the mixed lab failed:\n{run.output[-8000:]}"
     print(f"mixed lab up and deployed: {time.monotonic() - started:.1f} s")
@@ -185,7 +190,7 @@ def test_an_orchestrator_with_a_local_vulkan_device_puts_it_after_the_rpc_device
     one rpc-server (the inventory without the two-device variables): no unit of the other shapes is left. The edge
     (on by default) serves the clients' port on this Debian 13 orchestrator: Debian 13's haproxy, installed through
     the lab's package proxy, answers the completion in front of the gate."""
-    cli("lab", "up", "--hosts", "3", "--vulkan", "lab1", "--vulkan", VULKAN_HOST, timeout=1200)
+    cli("lab", "up", "--hosts", "3", "--vulkan", "lab1", "--vulkan", VULKAN_HOST, *NO_MEMORY_LIMIT, timeout=1200)
     run = playbook("deploy.yml", timeout=5400)
     assert run.rc == 0, run.output[-8000:]
     from llamafleet.fleet import Fleet
