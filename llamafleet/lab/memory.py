@@ -77,9 +77,12 @@ def memory_hierarchy(proc_cgroup: str | None = None) -> MemoryHierarchy | None:
     return None
 
 
-def limit_text(mib: int | None) -> str:
-    """What to write into a limit file for ``mib`` (None or 0: no limit)."""
-    return str(mib * MIB) if mib else "max"
+def limit_text(mib: int | None, version: int = 2) -> str:
+    """What to write into a limit file of cgroup ``version`` for ``mib`` (None or 0: no limit, which v2's memory.max
+    writes "max" and v1's memory.limit_in_bytes "-1": v1 refuses "max" with EINVAL)."""
+    if mib:
+        return str(mib * MIB)
+    return "max" if version == 2 else "-1"
 
 
 def parse_limit(text: str) -> int | None:
@@ -112,7 +115,7 @@ def prepare_host_cgroup(name: str, mib: int | None) -> Path | None:
             with contextlib.suppress(OSError):  # already on, or managed by systemd at the root
                 (level / "cgroup.subtree_control").write_text("+memory")
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / hierarchy.limit_file).write_text(limit_text(mib))
+    (directory / hierarchy.limit_file).write_text(limit_text(mib, hierarchy.version))
     return directory
 
 
@@ -159,7 +162,7 @@ def set_host_limit(name: str, init_pid: int, mib: int | None) -> None:
     if directory is None or hierarchy is None:
         raise LabError(f"{name}: runs outside a lab memory cgroup; `llamafleet lab down` then `lab up` recreates it")
     try:
-        (directory / hierarchy.limit_file).write_text(limit_text(mib))
+        (directory / hierarchy.limit_file).write_text(limit_text(mib, hierarchy.version))
     except OSError as exc:
         raise LabError(f"{name}: could not set its memory limit to {mib} MiB ({exc.strerror}): it uses more now; "
                        "stop its services first or recreate the lab") from exc

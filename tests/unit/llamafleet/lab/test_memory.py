@@ -22,7 +22,10 @@ V1 = """12:memory:/process_api/abc
 
 def test_limit_text_and_parse_round_trip() -> None:
     assert memory.limit_text(4096) == str(4096 * 1024 * 1024)
-    assert memory.limit_text(0) == memory.limit_text(None) == "max"
+    assert memory.limit_text(0) == memory.limit_text(None) == memory.limit_text(0, 2) == "max"
+    # cgroup v1 (this project's CI machines): memory.limit_in_bytes takes -1, and refuses "max" (EINVAL)
+    assert memory.limit_text(0, 1) == memory.limit_text(None, 1) == "-1"
+    assert memory.limit_text(4096, 1) == str(4096 * 1024 * 1024)
     assert memory.parse_limit(memory.limit_text(4096) + "\n") == 4096
     assert memory.parse_limit("max\n") is None
     assert memory.parse_limit("9223372036854771712") is None  # v1's "no limit"
