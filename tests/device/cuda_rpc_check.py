@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -57,7 +58,6 @@ def run(argv: list[str], timeout: float = 120, **kw: Any) -> tuple[int, str, str
 
 
 def wait_port(port: int, timeout: float = 60) -> None:
-    import socket
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with socket.socket() as s:
@@ -126,27 +126,16 @@ def rpc_load(rpc_argv: list[str], cache_home: Path, bench_bin: str, model: str, 
 
 
 def main_run(bin_dir: Path, out: Path, work: Path) -> int:
-    rpc_bin, bench_bin = str(bin_dir / "ggml-rpc-server"), str(bin_dir / "llama-bench")
-    report: dict[str, Any] = {}
-    found = collect_devices(lambda argv: run(list(argv)), shutil.which, read_text_file, backends=["cuda", "cpu"],
-                            rpc_server=rpc_bin)
+    bench_bin = str(bin_dir / "llama-bench")
+    found, rpc_argv, rpc_help = probe(bin_dir)
+    (out / "ggml-rpc-server_help.txt").write_text(rpc_help)
+    report: dict[str, Any] = {"gpu_facts": found, "rpc_server_argv": rpc_argv}
     print("devices", json.dumps(found["devices"]), "errors", found["errors"], flush=True)
-    report["gpu_facts"] = found
-    rc, help_out, help_err = run([rpc_bin, "--help"])
-    (out / "ggml-rpc-server_help.txt").write_text(help_out + help_err)
-    features = rpc_server_features(help_out + help_err)
-    rpc_argv = render_rpc_server_argv(rpc_bin, features, host="127.0.0.1", port=RPC_PORT, devices=[DEVICE],
-                                      cache=True)
-    report["rpc_server_argv"] = rpc_argv
-    print(json.dumps({k: report[k] for k in ("rpc_server_argv",)}), flush=True)
+    print(json.dumps({"rpc_server_argv": rpc_argv}), flush=True)
     print("rpc_devices", json.dumps(found["rpc_devices"]), flush=True)
 
-    model = str(work / "synth.gguf")
-    started = time.monotonic()
-    rc, o, e = run([sys.executable, "-m", "llamafleet.bench.synth", model, *MODEL_ARGS], timeout=300)
-    report["model"] = {"rc": rc, "bytes": os.path.getsize(model) if rc == 0 else None,
-                       "seconds": round(time.monotonic() - started, 1), "err": e[-500:]}
-    if rc:
+    model, report["model"] = make_model(work)
+    if report["model"]["rc"]:
         (out / "report.json").write_text(json.dumps(report, indent=1))
         return 1
     log = out / "llama-bench.txt"
@@ -173,28 +162,35 @@ def main_run(bin_dir: Path, out: Path, work: Path) -> int:
     return 0
 
 
-def probe(bin_dir: Path) -> tuple[dict[str, Any], list[str]]:
-    """gpu_facts' probe of this machine, and the rpc-server argv the rpc_server role renders for DEVICE."""
+def probe(bin_dir: Path) -> tuple[dict[str, Any], list[str], str]:
+    """gpu_facts' probe of this machine, the rpc-server argv the rpc_server role renders for DEVICE, and
+    rpc-server's --help (what the argv's features were read from)."""
     rpc_bin = str(bin_dir / "ggml-rpc-server")
     found = collect_devices(lambda argv: run(list(argv)), shutil.which, read_text_file, backends=["cuda", "cpu"],
                             rpc_server=rpc_bin)
     rc, help_out, help_err = run([rpc_bin, "--help"])
     argv = render_rpc_server_argv(rpc_bin, rpc_server_features(help_out + help_err), host="127.0.0.1", port=RPC_PORT,
                                   devices=[DEVICE], cache=True)
-    return found, argv
+    return found, argv, help_out + help_err
 
 
-def make_model(work: Path) -> str:
+def make_model(work: Path) -> tuple[str, dict[str, Any]]:
+    """The synthetic model (MODEL_ARGS) in ``work``, written once: its path and how the writing went."""
     model = work / "synth.gguf"
+    started = time.monotonic()
+    rc, err = 0, ""
     if not model.exists():
-        subprocess.run([sys.executable, "-m", "llamafleet.bench.synth", str(model), *MODEL_ARGS], check=True,
-                       timeout=300)
-    return str(model)
+        rc, dummy, err = run([sys.executable, "-m", "llamafleet.bench.synth", str(model), *MODEL_ARGS], timeout=300)
+    return str(model), {"rc": rc, "bytes": model.stat().st_size if rc == 0 else None,
+                        "seconds": round(time.monotonic() - started, 1), "err": err[-500:]}
 
 
 def main_serve(bin_dir: Path, out: Path, work: Path) -> int:
-    found, rpc_argv = probe(bin_dir)
-    model = make_model(work)
+    found, rpc_argv, dummy = probe(bin_dir)
+    model, written = make_model(work)
+    if written["rc"]:
+        (out / "serve.json").write_text(json.dumps({"model": written}, indent=1))
+        return 1
     server_bin = str(bin_dir / "llama-server")
     rc, h_out, h_err = run([server_bin, "--help"])
     worker = {"host": "gpu", "address": "127.0.0.1", "port": RPC_PORT, "devices": found["rpc_devices"]}
