@@ -41,37 +41,29 @@ from tests.e2e.test_edge_lab import REMOTE, gate_config, ship
 from tests.helpers import INVENTORY
 
 # Runs on the orchestrator with its python3 (stdlib and the shipped llamafleet.bench.measure): one warm-up through
-# each path, then the rounds; prints {"gate": [[ok, ttft_s, tok_s], ...], "edge": [...]}.
-# Then the hop alone: GET /health (answered by llama-server, no model work) on a new connection, each path in turn
-# ("health": [[status, seconds], ...] per path), so that what the edge adds to a request shows without the
-# model's spread.
+# each path, then, each path in turn (the order swapped every round): the plain rounds ("gate"/"edge":
+# [[ok, ttft_s, tok_s], ...]); the streams with llama-server's timings per token ("relay": per path
+# [[status, [[client s, prompt_ms, predicted_ms, predicted_n], ...]], ...]); the hop alone, GET /health (answered by
+# llama-server, no model work) on a new connection ("health": per path [[status, seconds], ...]). Prints it as JSON.
 REMOTE_SCRIPT = """
 import http.client, json, sys, time
 from urllib.parse import urlsplit
-from llamafleet.bench.measure import stream_completion
+from llamafleet.bench.measure import DEFAULT_PROMPT, request_body, sse_data, stream_completion
 urls = json.loads(sys.argv[1]); rounds = int(sys.argv[2]); n_predict = int(sys.argv[3])
 key = open(sys.argv[4]).read().split()[0]; requests = int(sys.argv[5]); relay_rounds = int(sys.argv[6])
-from llamafleet.bench.measure import DEFAULT_PROMPT as PROMPT
-for url in urls.values():
-    stream_completion(url, n_predict=8, api_key=key, timeout=300)
-out = {name: [] for name in urls}
-for i in range(rounds):
-    for name in (list(urls) if i % 2 == 0 else list(urls)[::-1]):
-        r = stream_completion(urls[name], n_predict=n_predict, api_key=key, timeout=300)
-        out[name].append([r.ok, r.ttft_s, r.tok_s])
-def health(url):
-    parts = urlsplit(url)
-    started = time.perf_counter()
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
-    conn.request("GET", "/health", headers={"Authorization": "Bearer " + key})
-    status = conn.getresponse().status
-    conn.close()
-    return [status, time.perf_counter() - started]
-from llamafleet.bench.measure import request_body, sse_data
+def in_turn(count, measure):
+    got = {name: [] for name in urls}
+    for i in range(count):
+        for name in (list(urls) if i % 2 == 0 else list(urls)[::-1]):
+            got[name].append(measure(urls[name]))
+    return got
+def plain(url):
+    r = stream_completion(url, n_predict=n_predict, api_key=key, timeout=300)
+    return [r.ok, r.ttft_s, r.tok_s]
 def timed_stream(url):
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=300)
-    body = json.dumps(request_body("/completion", PROMPT, n_predict, {"timings_per_token": True})).encode()
+    body = json.dumps(request_body("/completion", DEFAULT_PROMPT, n_predict, {"timings_per_token": True})).encode()
     started = time.perf_counter()
     conn.request("POST", "/completion", body=body, headers={"Authorization": "Bearer " + key,
                                                            "Content-Type": "application/json"})
@@ -87,14 +79,19 @@ def timed_stream(url):
             points.append([now - started, t.get("prompt_ms", 0.0), t["predicted_ms"], t.get("predicted_n", 0)])
     conn.close()
     return [resp.status, points]
-out["relay"] = {name: [] for name in urls}
-for i in range(relay_rounds):
-    for name in (list(urls) if i % 2 == 0 else list(urls)[::-1]):
-        out["relay"][name].append(timed_stream(urls[name]))
-out["health"] = {name: [] for name in urls}
-for i in range(requests):
-    for name in (list(urls) if i % 2 == 0 else list(urls)[::-1]):
-        out["health"][name].append(health(urls[name]))
+def health(url):
+    parts = urlsplit(url)
+    started = time.perf_counter()
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    conn.request("GET", "/health", headers={"Authorization": "Bearer " + key})
+    status = conn.getresponse().status
+    conn.close()
+    return [status, time.perf_counter() - started]
+for url in urls.values():
+    stream_completion(url, n_predict=8, api_key=key, timeout=300)
+out = in_turn(rounds, plain)
+out["relay"] = in_turn(relay_rounds, timed_stream)
+out["health"] = in_turn(requests, health)
 print(json.dumps(out))
 """
 
@@ -137,7 +134,8 @@ def relay_figures(gate: list[list], edge: list[list]) -> dict[str, Any]:
              if len(g[1]) >= 2 and len(e[1]) >= 2]
     ratios = [e[0] / g[0] for g, e in pairs]
     extra = [e[1] - g[1] for g, e in pairs]
-    return {"gate_seen": statistics.median(g[0] for g, _ in pairs), "edge_seen": statistics.median(e[0] for _, e in pairs),
+    return {"gate_seen": statistics.median(g[0] for g, _ in pairs),
+            "edge_seen": statistics.median(e[0] for _, e in pairs),
             "gate_overhead_ms": statistics.median(g[1] for g, _ in pairs),
             "edge_overhead_ms": statistics.median(e[1] for _, e in pairs),
             "tok_s_ratio": statistics.median(ratios), "tok_s_ratio_95": bootstrap_median(ratios),
@@ -184,7 +182,8 @@ def main() -> int:
     relay = runs.pop("relay")
     failed = {name: sum(1 for r in got if not r[0]) for name, got in runs.items()}
     failed.update({"health " + name: sum(1 for r in got if r[0] != 200) for name, got in health.items()})
-    failed.update({"relay " + name: sum(1 for r in got if r[0] != 200 or len(r[1]) < 2) for name, got in relay.items()})
+    failed.update({"relay " + name: sum(1 for r in got if r[0] != 200 or len(r[1]) < 2)
+                   for name, got in relay.items()})
     if any(failed.values()):
         sys.exit(f"failed completions: {failed}")
     figures = paired(runs["gate"], runs["edge"])

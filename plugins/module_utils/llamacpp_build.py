@@ -205,5 +205,5 @@ def build_identity(settings: Mapping[str, Any], facts: Mapping[str, Any], recipe
     material = json.dumps(key_material(settings, facts, recipe))
     digest = hashlib.sha256(material.encode("utf-8")).hexdigest()
     backend = _settings(settings)["backend"]
-    return {"id": "%s-%s-%s" % (label[:12], backend, digest[:10]), "label": label, "cmake": cmake_args(settings, facts["architecture"]),
-            "source": cluster_source(settings)}
+    return {"id": "%s-%s-%s" % (label[:12], backend, digest[:10]), "label": label,
+            "cmake": cmake_args(settings, facts["architecture"]), "source": cluster_source(settings)}
