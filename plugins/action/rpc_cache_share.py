@@ -84,7 +84,7 @@ class ActionModule(ControllerSend):
         out: dict[str, Any] = {
             "changed": False, "share": {e["name"]: e["tensors"] for e in entries},
             "share_bytes": sum(e["size"] for e in entries), "manifest_built": share["built"],
-            "present": [], "sent": [], "sent_bytes": 0, "seconds": 0.0, "pruned_files": [],
+            "present": [], "sent": [], "sent_bytes": 0, "seconds": 0.0, "pruned_files": [], "settled": False,
         }
         host = args["host"]
         if args["state"] == "absent_others":
@@ -95,6 +95,7 @@ class ActionModule(ControllerSend):
         listed = [{k: e[k] for k in ("name", "size", "sha256", "tensors")} for e in entries]
         seen = self._module(args, task_vars, action="inspect", entries=listed)
         out["present"] = seen["present"]
+        out["settled"] = bool(seen.get("settled"))
         missing = [e for e in entries if e["name"] in set(seen["missing"])]
         if args["state"] == "checked":
             if missing:

@@ -156,7 +156,8 @@ def _private_dir(path: str, uid: int, gid: int) -> None:
 def inspect_share(cache_dir: str, entries: Sequence[Mapping[str, Any]], uid: int = -1, gid: int = -1,
                   check_mode: bool = False) -> dict[str, Any]:
     """What the cache holds of ``entries`` (model_share.share_entries): ``present``, ``missing`` (names),
-    ``missing_bytes``, ``free_bytes``, ``incoming`` (the folder files are sent to) and ``changed``."""
+    ``missing_bytes``, ``free_bytes``, ``incoming`` (the folder files are sent to), ``changed`` and ``settled``
+    (every entry there and verified before, nothing to fix: an inspect without check mode would change nothing)."""
     seeder, result = _seeder(cache_dir, uid, gid, check_mode)
     seeder.ensure_dir()
     verified = Verified(cache_dir)
@@ -169,13 +170,15 @@ def inspect_share(cache_dir: str, entries: Sequence[Mapping[str, Any]], uid: int
         else:
             missing.append(entry["name"])
     incoming = os.path.join(cache_dir, INCOMING)
+    # nothing to send, fix or remember: an inspect without check mode would change nothing either
+    settled = not missing and not result.changed and not verified.dirty and os.path.isdir(incoming)
     if not check_mode:
         _private_dir(incoming, uid, gid)
         verified.save(uid, gid)
     by_name = {e["name"]: e for e in entries}
     return {"changed": result.changed, "present": present, "missing": missing,
             "missing_bytes": sum(by_name[n]["size"] for n in missing), "free_bytes": free_bytes(cache_dir),
-            "incoming": incoming}
+            "incoming": incoming, "settled": settled}
 
 
 def _check_received(path: str, entry: Mapping[str, Any], hasher: str | None) -> None:

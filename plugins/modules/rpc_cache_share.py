@@ -139,6 +139,11 @@ present:
   returned: success
   type: list
   elements: str
+settled:
+  description: The whole share was there, verified before, with nothing to fix, so the same task without check
+    mode would change nothing (always false with O(state=absent_others)).
+  returned: success
+  type: bool
 sent:
   description: Cache files sent (or, in check mode, that would be).
   returned: success

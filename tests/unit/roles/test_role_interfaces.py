@@ -177,7 +177,9 @@ def test_deploy_runs_every_preflight_then_records_it() -> None:
     assert tasks[-2]["ansible.builtin.include_role"] == {"name": "llamafleet.cluster.llama_server",
                                                          "tasks_from": "fit_check"}
     assert tasks[-2]["when"] == "inventory_hostname in _llamafleet_orchestrators"
-    assert tasks[-1]["ansible.builtin.set_fact"] == {"_llamafleet_preflight_done": True}
+    # ...which also drops the listeners its port checks shared (roles/_common/tasks/port_check.yml), so a later
+    # check reads them again
+    assert tasks[-1]["ansible.builtin.set_fact"] == {"_llamafleet_preflight_done": True, "__common_tcp_listeners": None}
     # ...imported by deploy.yml and upgrade.yml before any play that applies a role
     for name in ("deploy.yml", "upgrade.yml"):
         entries = _load(REPO / "playbooks" / name)

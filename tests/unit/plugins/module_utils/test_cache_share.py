@@ -96,6 +96,28 @@ def test_a_changed_cache_file_is_verified_again(tmp_path: Path, entries: list[di
     assert seen["missing"] == [entries[0]["name"]]
 
 
+def test_settled_only_where_an_inspect_that_writes_would_change_nothing(tmp_path: Path, entries: list[dict]) -> None:
+    """The room check (check mode) says which workers the send step may skip: only those whose whole share is there
+    and was verified before (a file hashed now is remembered only by an inspect that writes)."""
+    cache = tmp_path / "rpc"
+    assert not cs.inspect_share(str(cache), entries, check_mode=True)["settled"]  # no cache yet
+    cs.inspect_share(str(cache), entries)
+    cs.install_files(str(cache), [_send(cache, e, BLOBS[e["tensors"][0]]) for e in entries[:2]])
+    assert not cs.inspect_share(str(cache), entries, check_mode=True)["settled"]  # one missing
+    # the third put there by other means (as rpc-server writes its own cache): present, but never verified
+    (cache / entries[2]["name"]).write_bytes(BLOBS["blk.1.a"])
+    seen = cs.inspect_share(str(cache), entries, check_mode=True)
+    assert seen["missing"] == [] and not seen["settled"]
+    assert not cs.inspect_share(str(cache), entries, check_mode=True)["settled"]  # check mode remembered nothing
+    assert not cs.inspect_share(str(cache), entries)["settled"]  # this one remembers it
+    assert cs.inspect_share(str(cache), entries, check_mode=True)["settled"]
+    target = cache / entries[0]["name"]
+    data = bytearray(target.read_bytes())
+    data[10] ^= 1
+    target.write_bytes(bytes(data))
+    assert not cs.inspect_share(str(cache), entries, check_mode=True)["settled"]
+
+
 def test_prune_keeps_only_the_shares(tmp_path: Path, entries: list[dict]) -> None:
     cache = tmp_path / "rpc"
     cs.inspect_share(str(cache), entries)
