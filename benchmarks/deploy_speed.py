@@ -1,13 +1,10 @@
 """Benchmark: cold deploy of a fresh lab, how many times llama.cpp was compiled, and the idempotent re-run.
 
-    python -m benchmarks.deploy_speed [--hosts 3] [--compile] [--payload-cache]
+    python -m benchmarks.deploy_speed [--hosts 3] [--compile]
 
 ``--compile`` points the build role at an empty artifact cache, so the cold
 deploy compiles llama.cpp as on a fleet's first day; without it the controller's
-artifact cache supplies the build (as on every later lab).  The hosts' Python is
-``/usr/bin/python3``, as on a fleet; ``--payload-cache`` keeps the lab's own
-interpreter (llamafleet/lab/payload_cache.py: the tests' bytecode cache) instead.
-Prints the figures.
+artifact cache supplies the build (as on every later lab).  Prints the figures.
 """
 
 from __future__ import annotations
@@ -41,9 +38,6 @@ def compiled_on(output: str) -> list[str]:
     return hosts
 
 
-PLAIN_PYTHON = ["-e", "ansible_python_interpreter=/usr/bin/python3"]
-
-
 def deploy(*extra: str) -> tuple[float, str, int]:
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
     started = time.monotonic()
@@ -61,23 +55,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="start from an empty artifact cache")
-    parser.add_argument("--payload-cache", action="store_true",
-                        help="the lab's interpreter with its bytecode cache, not /usr/bin/python3")
     args = parser.parse_args()
-    python = [] if args.payload_cache else PLAIN_PYTHON
     subprocess.run([str(BIN / "llamafleet"), "lab", "down"], check=True, capture_output=True)
     subprocess.run([str(BIN / "llamafleet"), "lab", "up", "--hosts", str(args.hosts)], check=True, capture_output=True)
     with tempfile.TemporaryDirectory(prefix="llamafleet-artifacts-") as empty:
         extra = ["-e", f"llamacpp_build_artifact_cache={empty}"] if args.compile else []
-        cold_s, cold_out, _ = deploy(*python, *extra)
+        cold_s, cold_out, _ = deploy(*extra)
     builders = compiled_on(cold_out)
-    rerun_s, _, rerun_changed = deploy(*python)
+    rerun_s, _, rerun_changed = deploy()
     print(f"| cold deploy of {args.hosts} bare lab hosts ({'compiling' if args.compile else 'artifact cache'}) "
           f"| {cold_s:.1f} s |")
     print(f"| llama.cpp compiled | {len(builders)} time(s) ({', '.join(builders) or 'none: from the artifact cache'}) |")
     print(f"| idempotent re-run | {rerun_s:.1f} s, changed={rerun_changed} |")
-    interpreter = "the lab's, module payloads' bytecode cached" if args.payload_cache else "/usr/bin/python3"
-    print(f"| hosts' Python | {interpreter} |")
     return 0 if rerun_changed == 0 and len(builders) <= 1 else 1
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from . import artifacts, payload_cache
+from . import artifacts
 from .daemon import DaemonSpec, DaemonStatus, daemon_status, ensure_daemon, port_open, stop_daemon
 from .image import (DEFAULT_KIND, HOST_KINDS, OVERLAY_SOURCE, BaseImage, HostRoot, detect_mirror, ensure_base_image,
                     image_key, provision_host, prune_images)
@@ -383,7 +383,6 @@ class Lab:
         for host in (h for h in self.hosts if h not in to_create):
             keep_limit(host.name, machines[host.name][0].leader, self.memory_mib, self._say)
             state_hosts[host.name]["memory_mib"] = self.memory_mib
-            payload_cache.write_into(str(self._host_root(host.name).root))  # kept from before it was provisioned
 
         state = {"version": STATE_VERSION, "images": {name: image.key for name, image in images.items()},
                  "inventory_dir": str(self.inventory_dir), "hosts": {h.name: state_hosts[h.name] for h in self.hosts}}

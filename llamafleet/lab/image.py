@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from . import payload_cache
 from .net import GATEWAY, SUBNET, LabHost
 from .system import LabError, current_mounts, remove_tree, run
 
@@ -432,8 +431,7 @@ def provision_host(
     """Give a freshly mounted host root its identity; return its SSH public host keys by type.
 
     Identity means: hostname, machine id, SSH host keys, address, /etc/hosts,
-    root's authorized key, and the apt proxy; and the network sysctl defaults (NET_SYSCTL_UNIT) and Ansible's
-    interpreter (payload_cache.py).
+    root's authorized key, and the apt proxy; and the network sysctl defaults (NET_SYSCTL_UNIT).
     A ``vulkan`` host also gets :data:`SECOND_LAVAPIPE_ICD`.
     """
     etc = root / "etc"
@@ -459,7 +457,6 @@ def provision_host(
     keys_file = ssh_dir / "authorized_keys"
     keys_file.write_text(authorized_key.strip() + "\n", encoding="ascii")
     keys_file.chmod(0o600)
-    payload_cache.write_into(str(root))  # the inventory's ansible_python_interpreter
     # ssh-keygen -A -f PREFIX creates every missing host key type under PREFIX/etc/ssh.
     run(["ssh-keygen", "-q", "-A", "-f", str(root)], what=f"generating SSH host keys for {host.name}")
     public: dict[str, str] = {}

@@ -22,7 +22,6 @@ import yaml
 
 from ..core import constants
 from .artifacts import LLAMA_CPP_ARCHIVE_SUBDIR, LLAMA_CPP_COMMIT, LLAMA_CPP_SOURCE, MODEL, MODEL_NAME
-from . import payload_cache
 from .mirror import MIRROR_URL, mirror_url
 from .net import LabHost
 from .proxy import PROXY_URL
@@ -129,8 +128,7 @@ def render_hosts_ini(hosts: Sequence[LabHost], ssh_key: Path, known_hosts: Path,
             "ansible_user=root",
             f"ansible_ssh_private_key_file={ssh_key}",
             f"ansible_ssh_common_args='{ssh_args}'",
-            # /usr/bin/python3 with a bytecode cache for Ansible's module payloads (the tests' time only)
-            f"ansible_python_interpreter={payload_cache.INTERPRETER}",
+            "ansible_python_interpreter=/usr/bin/python3",
         ]),
     ]
     return "\n\n".join(s.rstrip("\n") for s in sections) + "\n"

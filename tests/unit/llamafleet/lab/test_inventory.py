@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llamafleet.lab import payload_cache
 from llamafleet.lab.inventory import (
     EDGE_MAXCONN_DEFAULT,
     lab_edge_maxconn,
@@ -43,7 +42,7 @@ def test_hosts_ini_groups_and_addresses() -> None:
     assert list(ini["llamafleet:children"]) == ["llamafleet_orchestrator", "llamafleet_workers"]
     assert ini["llamafleet:vars"]["ansible_user"] == "root"
     assert ini["llamafleet:vars"]["ansible_ssh_private_key_file"] == str(KEY)
-    assert ini["llamafleet:vars"]["ansible_python_interpreter"] == payload_cache.INTERPRETER
+    assert ini["llamafleet:vars"]["ansible_python_interpreter"] == "/usr/bin/python3"
 
 
 def test_hosts_ini_pins_host_keys_for_the_lab_only() -> None:
