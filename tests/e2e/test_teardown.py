@@ -83,8 +83,10 @@ SURVEY = "\n".join([
     "echo '== edge'",
     "systemctl is-enabled haproxy.service 2>/dev/null | grep -x enabled",
     "systemctl is-active haproxy.service 2>/dev/null | grep -x active",
+    # state, backlog, local and peer address: a listener's Recv-Q is its accept queue at that instant (1 while a
+    # health probe waits to be accepted), not something a deploy changed
     "echo '== ports'",
-    "ss -Hltn '( " + " or ".join(f"sport = :{port}" for port in PORTS) + " )'",
+    "ss -Hltn '( " + " or ".join(f"sport = :{port}" for port in PORTS) + " )' | awk '{print $1, $3, $4, $5}'",
     "true",
 ])
 
