@@ -95,7 +95,7 @@ class ActionModule(ControllerSend):
         listed = [{k: e[k] for k in ("name", "size", "sha256", "tensors")} for e in entries]
         seen = self._module(args, task_vars, action="inspect", entries=listed)
         out["present"] = seen["present"]
-        out["settled"] = bool(seen.get("settled"))
+        out["settled"] = seen["settled"]
         missing = [e for e in entries if e["name"] in set(seen["missing"])]
         if args["state"] == "checked":
             if missing:
