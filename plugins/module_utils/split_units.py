@@ -53,6 +53,10 @@ KV_PAD = 256  # llama_context pads n_ctx (and n_ctx_seq) to a multiple of 256
 # on the 3-host lab (gemma, -c 4096, 16 clients of 64-token streams, one run) 8 automatic
 # slots gave 1.63x the single client's tok/s and 16 slots 2.10x, against 2.44x for one
 # local llama-server with 16 slots on the same cores (benchmarks.serving_load --ceiling).
+# The big model (6.41 GiB over three 4 GiB hosts, -c 2048) showed the price of this rule: 4
+# automatic slots kept 0.73 of the ceiling's batching gain, 16 slots (121-token requests that
+# fit the shared cache together) 0.94. The rule stays: an overflowing unified cache fails
+# every request in flight, so more slots per token are the operator's call (-np).
 # Measured with llama-server 0c1e570, gemma-3-270m, -c 4096 on the CPU: 1 slot: KV 12 + 15 MiB
 # (dense + SWA layers), compute 22.8 MiB, output 1 MiB; 8 unified slots: KV 12 + 60 MiB,
 # compute 25.8 MiB, output 8 MiB (n_vocab x 4 bytes per slot, in the orchestrator's RAM).
