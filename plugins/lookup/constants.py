@@ -36,10 +36,32 @@ _raw:
   elements: raw
 """
 
+import importlib
+
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
 
 from ansible_collections.llamafleet.cluster.plugins.module_utils.constants import as_dict
+
+# Every play of the collection's playbooks names its hosts with this lookup, so it loads in the controller's main
+# process before any task runs. Ansible runs each task of each host in a worker forked from that process, and a
+# worker loads a filter plugin on first use: for a collection it compiles the source again (no bytecode cache), in
+# every worker. Importing the filter plugins here lets the workers inherit them. Measured on a no-change deploy of
+# the 3-host lab (session 32): 2.8 s less controller CPU, 44.5 s against 47.1 s (three runs each).
+FILTER_MODULES = ("llamafleet", "unit_argv", "host_files", "teardown", "fleet_changes")
+
+
+def _warm_filters() -> None:
+    for name in FILTER_MODULES:
+        try:
+            importlib.import_module("ansible_collections.llamafleet.cluster.plugins.filter." + name)
+        except Exception:  # pylint: disable=broad-except
+            pass  # the task that uses the filter loads it again and reports the error where it belongs
+    for name in ("ansible.plugins.filter.core", "ansible.plugins.test.core"):
+        importlib.import_module(name)
+
+
+_warm_filters()
 
 
 class LookupModule(LookupBase):

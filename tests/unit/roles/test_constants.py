@@ -104,3 +104,16 @@ def test_there_are_files_to_check() -> None:
 def test_roles_and_playbooks_do_not_type_the_constants(path: Path) -> None:
     typed = [(n, line.strip()) for n, line in _code_lines(path) for pattern in TYPED if re.search(pattern, line)]
     assert not typed, "use lookup('llamafleet.cluster.constants', ...) instead: %s" % typed
+
+
+def test_the_lookup_warms_every_filter_plugin() -> None:
+    """The constants lookup imports every filter plugin of the collection, so the workers Ansible forks from the
+    controller's main process inherit them compiled: a new filter file must join its list."""
+    import sys
+
+    from ansible_collections.llamafleet.cluster.plugins.lookup import constants as lookup
+
+    files = {path.stem for path in (Path(__file__).resolve().parents[3] / "plugins" / "filter").glob("*.py")}
+    assert set(lookup.FILTER_MODULES) == files
+    for name in files:
+        assert "ansible_collections.llamafleet.cluster.plugins.filter." + name in sys.modules, name
