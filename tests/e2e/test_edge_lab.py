@@ -30,6 +30,7 @@ import re
 import shlex
 import ssl
 import statistics
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -41,7 +42,8 @@ from llamafleet.bench import hostile
 from llamafleet.cluster import Endpoint
 from llamafleet.core import constants
 from llamafleet.layout import orchestrator_layout
-from tests.helpers import REPO, TLS_DIR, invocation, listeners, playbook, put_tls_file, self_signed_pair
+from tests.helpers import (BIN, INVENTORY, REPO, TLS_DIR, env, invocation, listeners, playbook, put_tls_file,
+                           self_signed_pair)
 
 # The opt-out of the edge (on by default).
 NO_EDGE = ["-e", "llamafleet_edge=none"]
@@ -280,3 +282,37 @@ def test_the_edge_turned_off_then_on_again(edge, fleet, tmp_path) -> None:
     assert Endpoint.of(fleet).url == edge.url
     Endpoint.of(fleet).wait_healthy(timeout=120)
     assert_answers(Endpoint.of(fleet))
+
+
+def test_a_reload_haproxy_cannot_load_fails_and_the_edge_serves_on(edge, fleet) -> None:
+    """A configuration that passes ``haproxy -c`` but cannot load (its port held by another program): the edge's
+    reload handler (edge_reload) fails naming the unit and HAProxy's "Loading failure!", where ``systemctl reload``
+    alone reports success; the old workers keep serving. Then the true configuration reloads and reports so."""
+    orch = fleet.orchestrator
+    config, port, marker = "/etc/haproxy/haproxy.cfg", 18099, "llamafleet-test-holder"
+    holder = (f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); "
+              f"time.sleep(600)")
+
+    def reload() -> subprocess.CompletedProcess:
+        return subprocess.run([str(BIN / "ansible"), "-i", str(INVENTORY), orch.name, "-m",
+                               "llamafleet.cluster.edge_reload"], cwd=REPO, env=env(), capture_output=True, text=True,
+                              timeout=120, check=False)
+
+    fleet.run_one(f"cp -p {config} {config}.{marker} && (setsid python3 -c {shlex.quote(holder)} {marker} "
+                  f"</dev/null >/dev/null 2>&1 &) && sleep 1 && printf 'frontend {marker}\\n  bind 127.0.0.1:{port}\\n"
+                  f"  http-request deny\\n' >> {config}", orch)
+    try:
+        assert fleet.run_one(f"haproxy -c -q -f {config} && echo passes", orch).strip() == "passes"
+        assert listeners(fleet, port), f"nothing holds port {port} on {orch.name}"
+        failed = reload()
+        out = failed.stdout + failed.stderr
+        assert failed.returncode != 0, out
+        assert "haproxy.service: HAProxy could not load the new configuration (Loading failure!)" in out, out
+        assert "cannot bind socket" in out, out
+        assert_answers(edge)
+    finally:
+        fleet.run(f"mv {config}.{marker} {config}; pkill -f {marker} || true", [orch])
+    done = reload()
+    assert done.returncode == 0 and "CHANGED" in done.stdout, done.stdout + done.stderr
+    assert not listeners(fleet, port)
+    assert_answers(edge)

@@ -449,12 +449,13 @@ CONFIGURE_STEP = """\
 
 
 def _role_with_printing_handlers(tmp: Path) -> None:
-    """roles/edge copied under ``tmp``, its handlers' systemd calls replaced by a debug line naming the handler (their
+    """roles/edge copied under ``tmp``, its handlers' reload and restart calls replaced by a debug line naming the handler (their
     ``when`` kept as written)."""
     shutil.copytree(REPO / "roles/edge", tmp / "roles/edge")
     handlers = yaml.safe_load((REPO / "roles/edge/handlers/main.yml").read_text(encoding="utf-8"))
     for handler in handlers:
-        assert handler.pop("ansible.builtin.systemd_service")["name"] == "haproxy.service"
+        call = handler.pop("llamafleet.cluster.edge_reload", None) or handler.pop("ansible.builtin.systemd_service")
+        assert call.get("unit", call.get("name")) == "haproxy.service"
         handler["ansible.builtin.debug"] = {"msg": "HANDLER-RUN " + handler["name"]}
     (tmp / "roles/edge/handlers/main.yml").write_text(yaml.safe_dump(handlers), encoding="utf-8")
 
