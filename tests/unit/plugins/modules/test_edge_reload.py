@@ -107,28 +107,30 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+def reload_against(host: Path, after: tuple[int, int], timeout: int,
+                   capsys: pytest.CaptureFixture[str]) -> tuple[int, dict]:
+    """edge_reload's main() against a stand-in master whose counters read ``after`` once systemctl has reloaded."""
+    master = Master(host, after)
+    try:
+        return run_main(edge_reload.main, {"master_socket": master.path, "timeout": timeout}, capsys)
+    finally:
+        master.close()
+
+
 def calls(where: Path) -> list[str]:
     return [Path(line.split()[0]).name + " " + " ".join(line.split()[1:])
             for line in (where / "calls.log").read_text().splitlines()]
 
 
 def test_a_reload_that_loads_reports_the_counts(host: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    master = Master(host, (1, 0))
-    try:
-        rc, out = run_main(edge_reload.main, {"master_socket": master.path, "timeout": 10}, capsys)
-    finally:
-        master.close()
+    rc, out = reload_against(host, (1, 0), 10, capsys)
     assert rc == 0 and out["changed"] is True, out
     assert (out["reloads"], out["failed_reloads"]) == (1, 0)
     assert calls(host) == ["systemctl reload -- haproxy.service"]
 
 
 def test_a_reload_haproxy_could_not_load_fails_with_its_journal(host: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    master = Master(host, (1, 1))
-    try:
-        rc, out = run_main(edge_reload.main, {"master_socket": master.path, "timeout": 10}, capsys)
-    finally:
-        master.close()
+    rc, out = reload_against(host, (1, 1), 10, capsys)
     assert rc == 1 and out["failed"] is True, out
     assert out["msg"].startswith("haproxy.service: HAProxy could not load the new configuration (Loading failure!) "
                                  "and keeps serving the previous one"), out["msg"]
@@ -137,11 +139,7 @@ def test_a_reload_haproxy_could_not_load_fails_with_its_journal(host: Path, caps
 
 
 def test_a_reload_that_never_finishes_times_out(host: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    master = Master(host, (0, 0))
-    try:
-        rc, out = run_main(edge_reload.main, {"master_socket": master.path, "timeout": 1}, capsys)
-    finally:
-        master.close()
+    rc, out = reload_against(host, (0, 0), 1, capsys)
     assert rc == 1 and "did not finish the reload within 1 s (timeout)" in out["msg"], out
 
 
