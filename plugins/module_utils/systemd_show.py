@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: llamafleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""``systemctl show``: the one command line and the one reader of its ``KEY=VALUE`` output.
+"""``systemctl show``: the one command line and the one reader of its ``KEY=VALUE`` output; and the
+journal tail that the modules' errors about a unit quote.
 
 The serving gate and guard (``host_observation.py``), the rpc-server metrics (``rpc_metrics.py``), the
 library's status and journal reads and the bench all ask systemd this way. Stdlib only and without
@@ -20,6 +21,11 @@ def show_argv(units: str | Iterable[str], properties: Iterable[str], value: bool
     systemd prints the bare values, one a line, in the order of ``properties``."""
     names = [units] if isinstance(units, str) else list(units)
     return ["systemctl", "show", "--property=" + ",".join(properties), *(["--value"] if value else []), "--", *names]
+
+
+def journal_tail_argv(unit: str, lines: int = 20) -> list[str]:
+    """``journalctl -u UNIT -n LINES``: the end of a unit's journal as bare messages, for an error that names it."""
+    return ["journalctl", "-u", unit, "-n", str(lines), "--no-pager", "-o", "cat"]
 
 
 def parse_show(text: str) -> dict[str, str]:

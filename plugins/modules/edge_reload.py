@@ -72,6 +72,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.llamafleet.cluster.plugins.module_utils.systemd_show import journal_tail_argv
+
 # The master's line of `show proc`, for example "18047  master  1 [failed: 1]  0d00h00m07s  2.6.12-1+deb12u3".
 MASTER_LINE = re.compile(r"^\s*\d+\s+master\s+(\d+)\s+\[failed:\s*(\d+)\]", re.MULTILINE)
 
@@ -99,13 +101,13 @@ def show_proc(path, timeout=2.0):
         conn.connect(path)
         conn.sendall(b"show proc\n")
         conn.shutdown(socket.SHUT_WR)  # one command: the CLI answers, ends with an empty line, and closes
-        chunks = []
-        while not b"".join(chunks).endswith(b"\n\n"):
+        answer = bytearray()
+        while not answer.endswith(b"\n\n"):
             chunk = conn.recv(65536)
             if not chunk:
                 break
-            chunks.append(chunk)
-    return parse_show_proc(b"".join(chunks).decode("utf-8", "replace"))
+            answer += chunk
+    return parse_show_proc(answer.decode("utf-8", "replace"))
 
 
 def main():
@@ -122,7 +124,7 @@ def main():
         module.exit_json(changed=True, reloads=None, failed_reloads=None)
 
     def journal():
-        return module.run_command(["journalctl", "-u", unit, "-n", "20", "--no-pager", "-o", "cat"])[1].strip()
+        return module.run_command(journal_tail_argv(unit))[1].strip()
 
     before = None
     if os.path.exists(path):

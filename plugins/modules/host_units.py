@@ -76,6 +76,7 @@ active_states:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llamafleet.cluster.plugins.module_utils.systemd_show import (
+    journal_tail_argv,
     parse_show_units,
     show_argv,
     units_to_enable_and_start,
@@ -117,7 +118,7 @@ def main():
         for unit in to_start:
             rc, out, err = module.run_command(["systemctl", "start", "--", unit])
             if rc != 0:
-                journal = module.run_command(["journalctl", "-u", unit, "-n", "20", "--no-pager", "-o", "cat"])[1]
+                journal = module.run_command(journal_tail_argv(unit))[1]
                 module.fail_json(msg="%s did not start: %s\n%s" % (unit, (err or out).strip(), journal.strip()),
                                  enabled=to_enable, started=[], active_states=active_states)
     module.exit_json(changed=bool(to_enable or to_start), enabled=to_enable, started=to_start,

@@ -108,7 +108,7 @@ def test_roles_and_playbooks_do_not_type_the_constants(path: Path) -> None:
 
 def test_the_lookup_warms_every_filter_plugin() -> None:
     """The constants lookup imports every filter plugin of the collection, so the workers Ansible forks from the
-    controller's main process inherit them compiled: a new filter file must join its list."""
+    controller's main process inherit them compiled: its list is the filter folder's files, a new one included."""
     import sys
 
     from ansible_collections.llamafleet.cluster.plugins.lookup import constants as lookup

@@ -1,6 +1,6 @@
 """edge_reload: HAProxy 2.6's ``show proc`` as its master CLI prints it, and main() against a stand-in systemctl and
 journalctl on PATH and a stand-in master CLI on a Unix socket whose counters move when systemctl reloads (this
-machine runs neither systemd nor HAProxy; the lab's real HAProxy is tests/e2e/test_edge_lab.py's)."""
+machine runs no systemd to reload a HAProxy unit with; the lab's real one is tests/e2e/test_edge_lab.py's)."""
 
 from __future__ import annotations
 
