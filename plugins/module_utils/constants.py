@@ -135,7 +135,7 @@ HOST_PACKAGE = "llamafleet_host"
 HOST_PACKAGE_DIR = LIBEXEC_DIR + "/" + HOST_PACKAGE
 GATE_SCRIPTS = ("serving_gate.py", "gate_config.py", "http_wire.py", "gate_metrics.py", "host_observation.py",
                 "link_state.py", "gate_decision.py", "gate_proxy.py", "gate_watchdog.py", "rpc_guard.py",
-                "plan_switch.py", "atomic_file.py")
+                "plan_switch.py", "atomic_file.py", "gate_budget.py")
 HOST_SCRIPTS = GATE_SCRIPTS + ("systemd_show.py", "rpc_proto.py", "rpc_metrics.py")
 HOST_PYTHON = ("/usr/bin/env", "PYTHONPATH=" + LIBEXEC_DIR, "/usr/bin/python3", "-m")
 # The gate's configuration (JSON, written by the llama_server role) and its program.

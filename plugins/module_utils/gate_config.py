@@ -89,13 +89,19 @@ class Config:
     state_file: str | None = None
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     degrade: Degrade | None = None
+    # the KV cells llama-server's slots share (--kv-unified with more than one slot): the gate admits generations
+    # whose tokens fit together (gate_budget.py); 0: no shared cache to guard
+    kv_budget: int = 0
+    # llama-server's -n, the bound of a generation that gives none; 0: none
+    default_max_tokens: int = 0
 
 
 _NUMBER_KEYS = ("deadline", "request_timeout", "stall_seconds", "restart_after", "poll_interval", "canary_interval", "canary_deadline",
                 "restart_grace")
 _OPTIONAL_PATH_KEYS = ("api_key_file", "tls_cert", "tls_key")
+_TOKEN_KEYS = ("kv_budget", "default_max_tokens")
 _KNOWN_KEYS = frozenset(("listen_host", "listen_port", "upstream_host", "upstream_port", "unit", "workers",
-                         "state_file", "max_connections", "degrade") + _NUMBER_KEYS + _OPTIONAL_PATH_KEYS)
+                         "state_file", "max_connections", "degrade") + _NUMBER_KEYS + _OPTIONAL_PATH_KEYS + _TOKEN_KEYS)
 
 
 def _port(raw: dict[str, Any], key: str) -> int:
@@ -130,6 +136,14 @@ def _count(raw: dict[str, Any], key: str, default: int, prefix: str = "") -> int
     value = raw.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError("gate config: %s%s must be an integer >= 1, got %r" % (prefix, key, value))
+    return value
+
+
+def _tokens(raw: dict[str, Any], key: str) -> int:
+    """``key`` of ``raw`` as a number of tokens >= 0 (missing: 0)."""
+    value = raw.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError("gate config: %s must be a number of tokens >= 0, got %r" % (key, value))
     return value
 
 
@@ -230,4 +244,4 @@ def load_config(raw: dict[str, Any]) -> Config:
         listen_host=str(_text(raw, "listen_host", DEFAULT_LISTEN_HOST)),
         upstream_host=str(_text(raw, "upstream_host", DEFAULT_UPSTREAM_HOST)),
         state_file=_text(raw, "state_file", None), max_connections=max_connections,
-        **paths, **numbers)
+        **{key: _tokens(raw, key) for key in _TOKEN_KEYS}, **paths, **numbers)

@@ -12,6 +12,7 @@ Part of the serving gate (see serving_gate.py for the map of its modules); stdli
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import ssl
 import sys
@@ -19,13 +20,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
+from .gate_budget import BUDGET_PATHS, MAX_BUDGET_BODY, BudgetError, TokenBudget, cost_of, decode_body, prompt_tokens
 from .gate_config import Config
 from .gate_decision import DOWN, RETRY_AFTER, STARTING, STATES, admission, retry_after
 from .gate_metrics import GATE_METRICS_PATH, metrics_response
 from .http_wire import (LAST_CHUNK, MAX_HEAD_BYTES, ChunkDecoder, ChunkError, HeadError, RequestHead, ResponseHead,
-                        client_response_head, encode_chunk, error_response, is_event_stream, parse_request_head,
-                        parse_response_head, request_body, response_body, sse_error_event, upstream_request_head,
-                        wants_continue)
+                        client_response_head, encode_chunk, error_message, error_response, http_request,
+                        is_event_stream, parse_request_head, parse_response_head, request_body, response_body,
+                        sse_error_event, upstream_request_head, wants_continue)
 
 
 RELAY_READ_SIZE = 64 * 1024
@@ -79,6 +81,8 @@ class Gate:
         self.reason = STARTING
         self.since = clock()
         self.counters = {"requests": 0, "rejected_503": 0, "aborted": 0}
+        # the shared KV cache's guard (gate_budget.py): None without a shared cache of several slots
+        self.budget = TokenBudget(cfg.kv_budget) if cfg.kv_budget > 0 else None
         self._flights: set[_Flight] = set()
         self._connections = 0
         # time.monotonic() of the last answer llama-server completed or streamed on for a client (the canary's proof)
@@ -219,34 +223,142 @@ class Gate:
             await self._answer(writer, error_response(503, self.reason, retry_after(self.state),
                                                       body=req.method != "HEAD"))
             return
-        try:
-            up_reader, up_writer = await asyncio.wait_for(
-                asyncio.open_connection(self.cfg.upstream_host, self.cfg.upstream_port, limit=MAX_HEAD_BYTES),
-                self.cfg.deadline)
-        except (OSError, asyncio.TimeoutError):
-            self.counters["rejected_503"] += 1
-            await self._answer(writer, error_response(503, NOT_RUNNING, retry_after(DOWN), body=req.method != "HEAD"))
-            return
         flight = _Flight(asyncio.get_running_loop().create_future())
         self._flights.add(flight)
-        if not admission(self.state, req):  # the state changed while connecting
-            _settle(flight.abort, 503, self.reason)
         pump = None
+        reserved = 0
         try:
-            if wants_continue(req) and framing[0] != "none":
-                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            up_writer.write(upstream_request_head(req))
-            pump = asyncio.ensure_future(self._pump(reader, up_writer, framing, flight))
-            await self._relay(req, up_reader, writer, flight)
+            body = None
+            if self.budget is not None and req.method == "POST" and req.path in BUDGET_PATHS:
+                try:
+                    body = await self._read_body(req, reader, writer, framing)
+                    # the client's hang-up is watched from here on (the body is read)
+                    pump = asyncio.ensure_future(self._pump(reader, None, ("none", 0), flight))
+                    reserved = await self._admit(req, body, flight)
+                except _Abort as exc:
+                    await self._abort(req, writer, None, exc, False, False, b"")
+                    return
+            try:
+                up_reader, up_writer = await asyncio.wait_for(
+                    asyncio.open_connection(self.cfg.upstream_host, self.cfg.upstream_port, limit=MAX_HEAD_BYTES),
+                    self.cfg.deadline)
+            except (OSError, asyncio.TimeoutError):
+                self.counters["rejected_503"] += 1
+                await self._answer(writer, error_response(503, NOT_RUNNING, retry_after(DOWN),
+                                                          body=req.method != "HEAD"))
+                return
+            if not admission(self.state, req):  # the state changed while connecting
+                _settle(flight.abort, 503, self.reason)
+            try:
+                if body is None:
+                    if wants_continue(req) and framing[0] != "none":
+                        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    up_writer.write(upstream_request_head(req))
+                    pump = asyncio.ensure_future(self._pump(reader, up_writer, framing, flight))
+                else:
+                    up_writer.write(upstream_request_head(req, len(body)) + body)
+                await self._relay(req, up_reader, writer, flight)
+            finally:
+                up_writer.transport.abort()
         finally:
             self._flights.discard(flight)
             if pump is not None:
                 pump.cancel()
-            up_writer.transport.abort()
+            if reserved and self.budget is not None:
+                self.budget.release(reserved)
 
-    async def _pump(self, reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter, framing: tuple[str, int],
-                    flight: _Flight) -> None:
-        """Send the request body upstream (re-framed when chunked), then watch the client for a hang-up."""
+    async def _read_body(self, req: RequestHead, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                         framing: tuple[str, int]) -> bytes:
+        """The whole request body (to count its tokens), at most MAX_BUDGET_BODY bytes, each read within
+        CLIENT_HEAD_TIMEOUT."""
+        kind, length = framing
+        if kind == "length" and length > MAX_BUDGET_BODY:
+            raise _Abort(413, "request body larger than %d bytes" % MAX_BUDGET_BODY)
+        if wants_continue(req) and kind != "none":
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        slow = _Abort(408, "no complete request body in %.0f s" % CLIENT_HEAD_TIMEOUT)
+        try:
+            if kind == "length":
+                return await asyncio.wait_for(reader.readexactly(length), CLIENT_HEAD_TIMEOUT)
+            body = b""
+            if kind == "chunked":
+                decoder = ChunkDecoder()
+                while not decoder.done:
+                    data = await asyncio.wait_for(reader.read(RELAY_READ_SIZE), CLIENT_HEAD_TIMEOUT)
+                    if not data:
+                        raise _Abort(0, "the client closed the connection in the request body")
+                    body += b"".join(decoder.feed(data))
+                    if len(body) > MAX_BUDGET_BODY:
+                        raise _Abort(413, "request body larger than %d bytes" % MAX_BUDGET_BODY)
+            return body
+        except asyncio.TimeoutError:
+            raise slow from None
+        except asyncio.IncompleteReadError:
+            raise _Abort(0, "the client closed the connection in the request body") from None
+        except ChunkError as exc:
+            raise _Abort(400, "bad chunked request body: %s" % exc) from None
+        except (OSError, ssl.SSLError):
+            raise _Abort(0, "the client closed the connection") from None
+
+    async def _admit(self, req: RequestHead, body: bytes, flight: _Flight) -> int:
+        """Wait until the generation's tokens fit the shared KV cache beside those in flight (gate_budget.py);
+        returns the tokens reserved."""
+        budget = self.budget
+        if budget is None:
+            raise _Abort(500, "the gate has no KV budget")  # _serve asks only when it has one
+        try:
+            data = decode_body(body)
+        except BudgetError as exc:
+            raise _Abort(exc.status, exc.message) from None
+        auth = req.get("authorization")
+
+        async def upstream(path: str, payload: dict[str, Any]) -> dict[str, Any]:
+            headers = {"Content-Type": "application/json"}
+            if auth:
+                headers["Authorization"] = auth[0]
+            status, answer = await http_request(self.cfg.upstream_host, self.cfg.upstream_port, "POST", path,
+                                                self.cfg.deadline, headers, json.dumps(payload).encode("utf-8"))
+            if status != 200:
+                raise BudgetError(status, error_message(answer))
+            try:
+                value = json.loads(answer.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError):
+                value = None
+            if not isinstance(value, dict):
+                raise BudgetError(502, "llama-server's %s answered something other than a JSON object" % path)
+            return value
+
+        try:
+            tokens, prompts = await self._race(prompt_tokens(req.path, data, upstream), flight,
+                                               self.cfg.deadline * 2, _Abort(504, "llama-server did not count "
+                                                                                  "the prompt's tokens in time"))
+            tokens = cost_of(tokens, data, budget.capacity, self.cfg.default_max_tokens, prompts).tokens
+        except BudgetError as exc:
+            if exc.status < 500:
+                raise _Abort(exc.status, exc.message) from None
+            tokens = budget.capacity  # not counted: the request runs alone
+        except (OSError, asyncio.TimeoutError):
+            tokens = budget.capacity
+        waited = time.monotonic()
+        task = asyncio.ensure_future(budget.acquire(tokens))
+        await asyncio.wait({task, flight.abort}, timeout=self.cfg.request_timeout,
+                           return_when=asyncio.FIRST_COMPLETED)
+        if task.done() and not task.cancelled():
+            reserved = task.result()
+            if not flight.abort.done():
+                return reserved
+            budget.release(reserved)
+        task.cancel()
+        if flight.abort.done():
+            raise _Abort(*flight.abort.result())
+        self.counters["rejected_503"] += 1
+        raise _Abort(503, "the generations in flight held llama-server's shared KV cache (%d tokens) for %.0f s; "
+                          "this one needs %d" % (budget.capacity, time.monotonic() - waited, tokens))
+
+    async def _pump(self, reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter | None,
+                    framing: tuple[str, int], flight: _Flight) -> None:
+        """Send the request body upstream (re-framed when chunked; none: the gate read it already), then watch
+        the client for a hang-up."""
         kind, remaining = framing
         try:
             if kind == "length":

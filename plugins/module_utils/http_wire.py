@@ -22,9 +22,11 @@ from typing import Any
 MAX_HEAD_BYTES = 64 * 1024
 MAX_CHUNK_LINE = 4096
 MAX_ANSWER_BYTES = 4 * 1024 * 1024
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 408: "Request Timeout", 411: "Length Required", 500: "Internal Server Error",
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 408: "Request Timeout", 411: "Length Required",
+            413: "Content Too Large", 500: "Internal Server Error",
             501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 408: "invalid_request_error", 411: "invalid_request_error",
+                413: "invalid_request_error",
                 501: "not_supported_error", 502: "server_error", 503: "unavailable_error", 504: "timeout_error"}
 # Hop-by-hop headers (RFC 9110 7.6.1) the gate replaces; Expect is answered by the gate itself.
 _HOP_BY_HOP = frozenset(("connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade", "expect"))
@@ -172,10 +174,14 @@ def _without_hop_by_hop(headers: list[tuple[str, str]], extra: frozenset[str]) -
     return [(key, value) for key, value in headers if key.lower() not in drop]
 
 
-def upstream_request_head(req: RequestHead) -> bytes:
+def upstream_request_head(req: RequestHead, body_length: int | None = None) -> bytes:
     """The head sent to llama-server: hop-by-hop headers (Connection, Keep-Alive, Expect, ...) replaced by
-    ``Connection: close``; every other header, Authorization included, unchanged."""
-    headers = _without_hop_by_hop(req.headers, frozenset()) + [("Connection", "close")]
+    ``Connection: close``; every other header, Authorization included, unchanged. With ``body_length`` (a body the
+    gate read whole), its framing is that Content-Length."""
+    framing = frozenset(("content-length", "transfer-encoding")) if body_length is not None else frozenset()
+    headers = _without_hop_by_hop(req.headers, framing) + [("Connection", "close")]
+    if body_length is not None:
+        headers.append(("Content-Length", str(body_length)))
     lines = ["%s %s HTTP/%s" % (req.method, req.target, req.version)] + ["%s: %s" % item for item in headers]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 

@@ -38,6 +38,7 @@ SERVER_FEATURES: dict[str, tuple[str, ...]] = {
     "api_key_file": ("--api-key-file",),
     "ctx_size": ("-c", "--ctx-size"),
     "parallel": ("-np", "--parallel"),
+    "n_predict": ("-n", "--predict", "--n-predict"),
     # A build can have --kv-unified without the negative spelling, which came with automatic slots.
     "kv_unified": ("-kvu", "--kv-unified"),
     "no_kv_unified": ("-no-kvu", "--no-kv-unified"),
@@ -321,7 +322,8 @@ def render_llama_server_argv(binary: str, plan: Mapping[str, Any], features: Map
     plan without ``tensor_split`` (split policy fit) renders neither ``-ngl``,
     ``-ts`` nor ``--fit off``, so llama.cpp's own fit decides.
     ``ctx_size``/``n_parallel`` default to the plan's; the plan's ``kv_unified``
-    renders as :func:`kv_unified_args` says. With ``pin_devices``,
+    renders as :func:`kv_unified_args` says, its ``max_tokens`` (above 0) as
+    ``-n``. With ``pin_devices``,
     ``--device`` lists the plan's devices so the order cannot drift (only use
     it when the local device names in the plan match the build's backend).
     ``log_verbosity`` renders ``-lv N`` (4 shows the devices and buffer sizes,
@@ -358,6 +360,9 @@ def render_llama_server_argv(binary: str, plan: Mapping[str, Any], features: Map
         _need(features, "parallel", "server slots", name)
         argv += ["-np", str(int(slots))]
         argv += kv_unified_args(plan.get("kv_unified"), int(slots), features, name)
+    if plan.get("max_tokens"):
+        _need(features, "n_predict", "a bound on generations without max_tokens (llama_server_max_tokens)", name)
+        argv += ["-n", str(int(plan["max_tokens"]))]
     for key, flag in (("cache_type_k", "-ctk"), ("cache_type_v", "-ctv")):
         value = plan.get(key)
         if value and value != "f16":

@@ -112,7 +112,7 @@ def _plan_over(params: dict, facts: dict, workers: list, keep: dict | None = Non
         cache_type_k=params["cache_type_k"], cache_type_v=params["cache_type_v"],
         compute_mib=params["compute_mib"], tensor_split=params["tensor_split"] or None,
         kv_unified=params["kv_unified"], policy=params["policy"], link_rtt_ms=params["link_rtt_ms"],
-        cpu_layers=params["cpu_layers"], keep=keep,
+        cpu_layers=params["cpu_layers"], keep=keep, max_tokens=params["max_tokens"],
     )
 
 

@@ -7,8 +7,8 @@
 
 1. :func:`validate_request`: the options and the model facts make sense;
    then split_units' :func:`resolve_slots`: the slot count (``n_parallel`` 0:
-   one per ``MIN_SLOT_CTX`` tokens of context, at most ``MAX_AUTO_SLOTS``)
-   and the context each request can use;
+   one per ``MIN_SHARED_SLOT_CTX`` tokens of a unified cache or ``MIN_SLOT_CTX``
+   of a split one, at most ``MAX_AUTO_SLOTS``) and the context each request can use;
 2. :func:`size_fleet`: the model's units and their bytes at the context
    (split_units), the devices in llama.cpp's order and what each can hold
    (split_devices);
@@ -60,21 +60,24 @@ from .split_units import (
     MAX_AUTO_SLOTS,
     MAX_SLOTS,
     MIB,
+    MIN_SHARED_SLOT_CTX,
     MIN_SLOT_CTX,
     PlanError,
     assign_layers,
     check_facts,
+    generation_bound,
     kv_bytes_per_layer,
     kv_cells,
     layers_from_split,
     range_text,
     resolve_slots,
+    shared_cache,
     size_units,
 )
 
 __all__ = [
     "DEFAULT_COMPUTE_MIB", "DEFAULT_N_UBATCH", "DEFAULT_POLICY", "KV_TYPES", "MAX_AUTO_SLOTS", "MAX_DEVICES",
-    "MIN_SLOT_CTX", "POLICIES", "PlanError", "assemble_plan", "assign_layers", "describe_devices",
+    "MIN_SHARED_SLOT_CTX", "MIN_SLOT_CTX", "POLICIES", "PlanError", "assemble_plan", "assign_layers", "describe_devices",
     "elect_orchestrator", "explain_plan", "gpu_memory_mib", "keep_deployed", "kv_bytes_per_layer", "kv_cells",
     "layers_from_split", "model_devices", "plan_split", "request_key", "resolve_slots", "size_fleet",
     "validate_request",
@@ -307,13 +310,6 @@ def explain_plan(plan: Mapping[str, Any], choice: Mapping[str, Any], model: Mapp
         warnings.append("the model at ctx_size %d needs %.0f MiB with KV and compute margins, the devices have %d "
                         "MiB usable: llama.cpp's fit will keep layers on %s's CPU"
                         % (plan["ctx_size"], plan["totals"]["total_mib"], plan["totals"]["usable_mib"], where))
-    if plan["kv_unified"] and plan["n_parallel"] > 1 and plan["kv_cells"] // plan["n_parallel"] < MIN_SLOT_CTX:
-        # measured on the lab: 16 slots sharing 2048 cells, 16 clients of ~130 tokens each, every request failed
-        warnings.append("%d slots share a KV cache of %d tokens, %d per slot when all are busy: requests fail with "
-                        "'Context size has been exceeded' once the busy slots fill it; raise ctx_size to %d "
-                        "(llama_server_ctx_size) or lower n_parallel (llama_server_parallel)"
-                        % (plan["n_parallel"], plan["kv_cells"], plan["kv_cells"] // plan["n_parallel"],
-                           plan["n_parallel"] * MIN_SLOT_CTX))
     _check_orchestrator_ram(orchestrator, plan["host_mib"], warnings)
     return lines, warnings
 
@@ -324,8 +320,9 @@ def _slots_line(plan: Mapping[str, Any]) -> str:
     count = plan["n_parallel"]
     line = "%d slot%s" % (count, "" if count == 1 else "s")
     if plan["n_parallel_auto"]:
-        capped = plan["ctx_size"] // MIN_SLOT_CTX > MAX_AUTO_SLOTS
-        line += " (auto: %d ctx / %d%s)" % (plan["ctx_size"], MIN_SLOT_CTX,
+        per_slot = MIN_SHARED_SLOT_CTX if plan["kv_unified"] else MIN_SLOT_CTX
+        capped = plan["ctx_size"] // per_slot > MAX_AUTO_SLOTS
+        line += " (auto: %d ctx / %d%s)" % (plan["ctx_size"], per_slot,
                                             ", at most %d" % MAX_AUTO_SLOTS if capped else "")
     if count == 1:
         line += ", KV cache of %d tokens" % plan["kv_cells"]
@@ -336,6 +333,10 @@ def _slots_line(plan: Mapping[str, Any]) -> str:
     line += ", up to %d tokens per request" % plan["slot_ctx"]
     if plan["slot_ctx"] < plan["kv_cells"] // (1 if plan["kv_unified"] else count):
         line += " (the model's training context)"
+    if plan.get("kv_budget"):
+        line += "; the serving gate admits generations while their tokens fit the cache together"
+    if plan.get("max_tokens"):
+        line += ", one without max_tokens generates at most %d (-n)" % plan["max_tokens"]
     return line
 
 
@@ -353,7 +354,8 @@ def plan_split(workers: Sequence[Mapping[str, Any]],
                policy: str = DEFAULT_POLICY,
                link_rtt_ms: float | None = None,
                cpu_layers: str | int = 0,
-               keep: Mapping[str, Any] | None = None) -> dict[str, Any]:
+               keep: Mapping[str, Any] | None = None,
+               max_tokens: int = 0) -> dict[str, Any]:
     """Plan llama-server's ``--rpc``, device order and ``--tensor-split`` for a fleet.
 
     :param workers: rpc-server hosts in inventory (= ``--rpc``) order, each
@@ -381,6 +383,9 @@ def plan_split(workers: Sequence[Mapping[str, Any]],
     :param cpu_layers: layers left on the orchestrator's CPU (its CPU entry in
         ``orchestrator["devices"]`` gives the memory): ``auto`` (on a CPU fleet
         the CPU joins the split policy), ``0`` or a number (split_cpu).
+    :param max_tokens: the bound of a generation that gives none (llama-server ``-n``): above 0 as given, -1 none,
+        0 automatic (split_units.generation_bound); the plan's ``max_tokens`` (0: none) and ``kv_budget`` (the
+        shared cache the serving gate guards, 0: none).
     :param keep: the deployed plan's ``keep`` entry: its split is kept while it was made for the same request
         (:func:`request_key`) and still fits the memory measured now (:func:`keep_deployed`).
     :returns: the plan (see the module's RETURN documentation in rpc_plan).
@@ -396,6 +401,8 @@ def plan_split(workers: Sequence[Mapping[str, Any]],
     choice, cpu_count = keep_deployed(keep, key, choice, cpu_count, cpu, devices, sizing)
     plan = assemble_plan(workers, orchestrator, devices, sizing, choice, request["ctx"], slots["n_parallel"],
                          cache_type_k, cache_type_v, compute_mib, link_rtt_ms, slots, cpu_count, cpu)
+    plan["kv_budget"] = shared_cache(plan["kv_cells"], plan["n_parallel"], plan["kv_unified"])
+    plan["max_tokens"] = generation_bound(max_tokens, plan["kv_cells"], plan["n_parallel"], plan["kv_unified"])
     plan["keep"] = {"request_key": key, "counts": None if choice["counts"] is None else list(choice["counts"]),
                     "cpu_layers": cpu_count, "policy": choice["policy"]}
     plan["explanation"], plan["warnings"] = explain_plan(plan, choice, model, orchestrator, compute_mib)

@@ -43,25 +43,30 @@ GIB = 1024 * MIB
 DEFAULT_N_UBATCH = 512
 KV_PAD = 256  # llama_context pads n_ctx (and n_ctx_seq) to a multiple of 256
 
-# Automatic slot count (n_parallel 0): one slot per MIN_SLOT_CTX tokens of context, at most
-# MAX_AUTO_SLOTS. With a unified KV cache the cache is -c tokens whatever the slot count
-# (only sliding-window layers grow, by n_swa per slot, up to the context, and the planner
-# sizes them), and the compute buffer is reserved for one ubatch (n_ubatch tokens), not per
-# slot; so memory does not limit the slots, the context each request needs does: below
-# 512 tokens of context per slot a prompt and its answer would often not fit in the cache
-# alongside the others. Up to 16 slots batching pays even on CPU workers joined over RPC:
-# on the 3-host lab (gemma, -c 4096, 16 clients of 64-token streams, one run) 8 automatic
-# slots gave 1.63x the single client's tok/s and 16 slots 2.10x, against 2.44x for one
-# local llama-server with 16 slots on the same cores (benchmarks.serving_load --ceiling).
-# The big model (6.41 GiB over three 4 GiB hosts, -c 2048) showed the price of this rule: 4
-# automatic slots kept 0.73 of the ceiling's batching gain, 16 slots (121-token requests that
-# fit the shared cache together) 0.94. The rule stays: an overflowing unified cache fails
-# every request in flight, so more slots per token are the operator's call (-np).
+# Automatic slot count (n_parallel 0): with a unified KV cache, one slot per MIN_SHARED_SLOT_CTX
+# tokens of context, at most MAX_AUTO_SLOTS; without one, one per MIN_SLOT_CTX (each slot owns
+# its share). A unified cache is -c tokens whatever the slot count (only sliding-window layers
+# grow, by n_swa per slot, up to the context, and the planner sizes them), and the compute buffer
+# is reserved for one ubatch (n_ubatch tokens), not per slot; so memory does not limit the
+# slots. What did: when the busy slots together outgrow a unified cache, llama-server fails every
+# request in flight ("Context size has been exceeded"), so this rule once gave each slot 512
+# tokens, and the big model (6.41 GiB over three 4 GiB hosts, -c 2048) got 4 slots, which kept
+# 0.73 of one unlimited server's batching gain where 16 slots kept 0.94. The serving gate now
+# admits a generation only when its tokens fit the cache beside those in flight (gate_budget.py,
+# kv_budget below), so a slot needs only what a short request takes. Up to 16 slots batching pays
+# even on CPU workers joined over RPC: on the 3-host lab (gemma, -c 4096, 16 clients of 64-token
+# streams, one run) 8 slots gave 1.63x the single client's tok/s and 16 slots 2.10x, against 2.44x
+# for one local llama-server with 16 slots on the same cores (benchmarks.serving_load --ceiling).
 # Measured with llama-server 0c1e570, gemma-3-270m, -c 4096 on the CPU: 1 slot: KV 12 + 15 MiB
 # (dense + SWA layers), compute 22.8 MiB, output 1 MiB; 8 unified slots: KV 12 + 60 MiB,
 # compute 25.8 MiB, output 8 MiB (n_vocab x 4 bytes per slot, in the orchestrator's RAM).
 MIN_SLOT_CTX = 512
+MIN_SHARED_SLOT_CTX = 128
 MAX_AUTO_SLOTS = 16
+# The bound of a generation that gives none (llama-server -n), automatic: with a unified cache of several slots a
+# quarter of the cache (llama-server's own automatic slot count is 4), so that four such generations share it;
+# otherwise none (a slot's own share bounds it).
+AUTO_BOUND_SHARE = 4
 # Without a unified cache each slot owns ctx / np tokens; llama.cpp pads a smaller share up
 # to 256 cells per slot (so the cache outgrows -c), and such a slot holds almost no prompt.
 MIN_SPLIT_SLOT_CTX = KV_PAD
@@ -178,9 +183,26 @@ def kv_cells(ctx_size: int, n_parallel: int, kv_unified: bool = False) -> int:
     return ctx_per_seq(ctx_size, n_parallel, kv_unified) * _streams(n_parallel, kv_unified)
 
 
-def auto_slots(ctx: int) -> int:
-    """The slot count for ``n_parallel`` 0: ``ctx // MIN_SLOT_CTX`` between 1 and ``MAX_AUTO_SLOTS``."""
-    return max(1, min(ctx // MIN_SLOT_CTX, MAX_AUTO_SLOTS))
+def auto_slots(ctx: int, kv_unified: bool = False) -> int:
+    """The slot count for ``n_parallel`` 0: ``ctx`` over ``MIN_SHARED_SLOT_CTX`` (a unified cache) or
+    ``MIN_SLOT_CTX`` (a cache split per slot), between 1 and ``MAX_AUTO_SLOTS``."""
+    return max(1, min(ctx // (MIN_SHARED_SLOT_CTX if kv_unified else MIN_SLOT_CTX), MAX_AUTO_SLOTS))
+
+
+def shared_cache(kv_cells: int, n_parallel: int, kv_unified: bool) -> int:
+    """The KV cells the serving gate guards (its ``kv_budget``): a unified cache of several slots, else 0."""
+    return kv_cells if kv_unified and n_parallel > 1 else 0
+
+
+def generation_bound(setting: int, kv_cells: int, n_parallel: int, kv_unified: bool) -> int:
+    """llama-server's ``-n`` for ``setting`` (llama_server_max_tokens): as given when above 0; -1: none (0);
+    0: automatic, a quarter of a shared cache (:data:`AUTO_BOUND_SHARE`), none without one."""
+    if setting > 0:
+        return setting
+    cells = shared_cache(kv_cells, n_parallel, kv_unified)
+    if setting < 0 or not cells:
+        return 0
+    return max(1, cells // AUTO_BOUND_SHARE)
 
 
 def resolve_slots(ctx: int, n_parallel: int, kv_unified: bool = False, n_ctx_train: int = 0) -> dict[str, Any]:
@@ -195,7 +217,7 @@ def resolve_slots(ctx: int, n_parallel: int, kv_unified: bool = False, n_ctx_tra
     if not isinstance(kv_unified, bool):
         raise PlanError("kv_unified is %r, expected true or false (llama-server --kv-unified)" % (kv_unified,))
     auto = n_parallel == 0
-    slots = auto_slots(ctx) if auto else n_parallel
+    slots = auto_slots(ctx, kv_unified) if auto else n_parallel
     share = _pad(ctx, KV_PAD) // slots
     if not kv_unified and slots > 1 and share < MIN_SPLIT_SLOT_CTX:
         raise PlanError(

@@ -58,10 +58,22 @@ options:
   n_parallel:
     description:
       - Server slots (C(-np)), requests served at the same time.
-      - V(0) chooses them from the context, one slot per 512 tokens, at least 1 and at most 16 (C(MIN_SLOT_CTX) and
+      - V(0) chooses them from the context, at least 1 and at most 16, one slot per 128 tokens of a unified cache
+        (O(kv_unified)) or per 512 tokens of a split one (C(MIN_SHARED_SLOT_CTX), C(MIN_SLOT_CTX) and
         C(MAX_AUTO_SLOTS) in C(module_utils/split_units.py) give the reasoning); the plan records the count.
+      - With a unified cache of several slots the serving gate admits a generation only while its tokens fit the
+        cache beside those in flight (the plan's C(kv_budget)), since llama-server fails every request in flight
+        when the busy slots outgrow it.
       - Without O(kv_unified) each slot gets O(ctx_size) divided by the slots (rounded up to 256 tokens), and a share
         under 256 tokens is refused.
+    type: int
+    default: 0
+  max_tokens:
+    description:
+      - The most tokens a generation that sets no C(max_tokens) (or C(n_predict)) may generate, llama-server's C(-n).
+        The serving gate reserves that many for it in a shared cache.
+      - V(0) chooses it, a quarter of a unified cache of several slots (so that four such generations share it)
+        and none otherwise; V(-1) sets none (such a generation may fill the cache, so the gate runs it alone).
     type: int
     default: 0
   cache_type_k:
@@ -391,6 +403,14 @@ plan:
         - Tokens one request can use, the shared cache or a slot's share of it, capped at the model's training
           context as llama-server caps it.
       type: int
+    kv_budget:
+      description:
+        - The KV cells the slots share, which the serving gate keeps generations within (gate config C(kv_budget));
+          0 without a unified cache of several slots.
+      type: int
+    max_tokens:
+      description: The bound of a generation that sets none, C(-n) (O(max_tokens) resolved); 0 for none.
+      type: int
     totals:
       description: Weights, KV, compute, total and usable MiB.
       type: dict
@@ -480,6 +500,7 @@ def main() -> None:
             model_facts=dict(type="dict"),
             ctx_size=dict(type="int", default=0),
             n_parallel=dict(type="int", default=0),
+            max_tokens=dict(type="int", default=0, no_log=False),
             cache_type_k=dict(type="str", default="f16", choices=kv_types, aliases=["cache_type"]),
             cache_type_v=dict(type="str", choices=kv_types),
             kv_unified=dict(type="bool", default=True),

@@ -139,12 +139,14 @@ def ssh_uncompressed(argv: list[Any]) -> list[Any]:
 def open_stream(action: Any, command: str) -> subprocess.Popen | None:
     """Start ``command`` on the host (with the task's become) through the connection's own transport, its stdin,
     stdout and stderr (a temporary file, as ``stderr_file``) on the controller, to stream bytes to it; None for a
-    connection that cannot (not ssh or local, or a password to type: ssh's or become's), which then runs
+    connection that cannot (not Ansible's own ssh or local, or a password to type: ssh's or become's), which then runs
     commands one at a time through ``_low_level_execute_command``."""
     conn = action._connection
     transport = conn.transport.rsplit(".", 1)[-1]
     if transport not in ("ssh", "local") or transport == "ssh" and conn.get_option("password"):
         return None
+    if transport == "ssh" and not hasattr(conn, "_build_command"):
+        return None  # a connection that calls itself ssh but is not Ansible's (Mitogen's, for one)
     ruser, buser = action._get_remote_user(), action.get_become_option("become_user")
     if conn.become and (C.BECOME_ALLOW_SAME_USER or buser != ruser or not any((ruser, buser))):
         command = conn.become.build_become_command(command, conn._shell)

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from llamafleet.cluster import Endpoint, read_plan, server_log
+from llamafleet.layout import orchestrator_layout
 from llamafleet.core import constants
 from llamafleet.core.log_parse import (
     buffers_against_plan,
@@ -154,7 +155,43 @@ def test_check_diff_on_converged_fleet_reports_no_change(quiet_runs):
     assert run.recap and run.changed == 0, run.output[-6000:]
 
 
+# Four generations at once from the orchestrator itself: each a prompt of about 200 tokens and 150 generated tokens
+# (ignore_eos: none stops early), 4 x 350 = 1,400 tokens in all, more than a shared cache of 1,024 holds. Prints each
+# answer's status and tokens_predicted (or its error) as JSON. The API key is read from its file on the host.
+FOUR_AT_ONCE = """
+import json, sys, threading, urllib.error, urllib.request
+url, key_file = sys.argv[1], sys.argv[2]
+key = open(key_file).read().strip()
+body = json.dumps({"prompt": "one two three four " * 50, "n_predict": 150, "ignore_eos": True,
+                   "cache_prompt": False, "temperature": 0}).encode()
+out = []
+def one():
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json",
+                                                         "Authorization": "Bearer " + key})
+    try:
+        with urllib.request.urlopen(req, timeout=180) as resp:
+            out.append([resp.status, json.loads(resp.read()).get("tokens_predicted")])
+    except urllib.error.HTTPError as exc:
+        out.append([exc.code, exc.read().decode("utf-8", "replace")[:300]])
+threads = [threading.Thread(target=one) for _ in range(4)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+print(json.dumps(out))
+"""
+
+
+def four_at_once(fleet, url: str) -> list:
+    key_file = orchestrator_layout(fleet).api_key_file
+    command = "python3 - %s %s <<'EOF'\n%s\nEOF" % (url, key_file, FOUR_AT_ONCE)
+    return json.loads(fleet.run_one(command, fleet.orchestrator, timeout=240).strip().splitlines()[-1])
+
+
 def test_context_change_restarts_only_the_orchestrator(deployed, fleet):
+    """A smaller context restarts llama-server alone. Its 8 automatic slots share 1,024 cells: four generations that
+    together need more fail all at once when they go straight to llama-server (the hazard the gate exists for, so
+    this test can fail), and all answer in full through the clients' port, where the gate admits them in turn."""
     before = main_pids(fleet)
     orch = fleet.orchestrator.name
     try:
@@ -164,7 +201,16 @@ def test_context_change_restarts_only_the_orchestrator(deployed, fleet):
         assert after[orch].split()[0:2] != before[orch].split()[0:2]
         for worker in fleet.workers:
             assert after[worker.name] == before[worker.name], worker.name
-        Endpoint.of(fleet).wait_healthy(timeout=120)
+        endpoint = Endpoint.of(fleet)
+        endpoint.wait_healthy(timeout=120)
+        plan = read_plan(fleet)
+        assert (plan["ctx_size"], plan["n_parallel"], plan["kv_budget"], plan["max_tokens"]) == (1024, 8, 1024, 256)
+        backend = int(fleet.orchestrator.var("llama_server_backend_port", constants.LLAMA_SERVER_BACKEND_PORT))
+        direct = four_at_once(fleet, "http://127.0.0.1:%d/completion" % backend)
+        assert [status for status, _what in direct] == [500] * 4, direct
+        assert all("Context size has been exceeded" in what for _status, what in direct), direct
+        gated = four_at_once(fleet, endpoint.url + "/completion")
+        assert gated == [[200, 150]] * 4, gated
     finally:
         restore = playbook("deploy.yml")
         assert restore.rc == 0, restore.output[-6000:]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from ansible_collections.llamafleet.cluster.plugins.plugin_utils.share_transfer import ssh_uncompressed
+from ansible_collections.llamafleet.cluster.plugins.plugin_utils.share_transfer import open_stream, ssh_uncompressed
 
 from tests.unit.needs import needs
 
@@ -29,3 +29,22 @@ def test_the_stream_is_uncompressed_and_outside_the_master() -> None:
     assert after["compression"] == "no" and "controlpath" not in after and after["controlmaster"] == "false"
     assert after["port"] == "2222" and after["hostname"] == "host.example"
     assert ssh_uncompressed(ansible)[-2:] == ansible[-2:]
+
+
+class _Connection:
+    """A connection plugin that calls its transport ssh without being Ansible's (Mitogen's mitogen_ssh does: the
+    model copy once failed there with "'Connection' object has no attribute '_build_command'")."""
+
+    transport = "ssh"
+
+    @staticmethod
+    def get_option(name: str) -> None:
+        return None
+
+
+class _Action:
+    _connection = _Connection()
+
+
+def test_a_connection_without_ansibles_ssh_command_falls_back_to_commands() -> None:
+    assert open_stream(_Action(), "cat > /dev/null") is None

@@ -220,6 +220,15 @@ def test_one_slot_without_a_unified_cache_renders_as_before() -> None:
     assert before[before.index("-np"):before.index("-np") + 3] == ["-np", "1", "--host"]
 
 
+@pytest.mark.parametrize("bound, expected", [(0, []), (512, ["-n", "512"])])
+def test_the_bound_of_a_generation_without_max_tokens_renders_as_n(bound: int, expected: list[str]) -> None:
+    argv = render_llama_server_argv(BIN, dict(PLAN, n_parallel=4, kv_unified=True, max_tokens=bound), NEW, MODEL)
+    assert argv[argv.index("--kv-unified") + 1:argv.index("--host")] == expected
+    with pytest.raises(FlagError, match=r"no flag for a bound on generations without max_tokens "
+                                        r"\(llama_server_max_tokens\) \(-n/--predict/--n-predict\)"):
+        render_llama_server_argv(BIN, dict(PLAN, max_tokens=512), {**NEW, "n_predict": False}, MODEL)
+
+
 @pytest.mark.parametrize("features", [OLD, {**NEW, "kv_unified": False, "no_kv_unified": False}])
 def test_a_unified_cache_needs_the_flag(features: dict) -> None:
     with pytest.raises(FlagError, match=r"llama_server_kv_unified \(kv_unified\) asks for one KV cache shared by the "

@@ -39,6 +39,7 @@ from llamafleet.core.host_observation import established_on, parse_listeners, pa
 from llamafleet.core.http_wire import ChunkDecoder, ChunkError, HeadError
 from llamafleet.core.link_state import count_stalls, link_names, running_workers, worker_links
 from llamafleet.core.rpc_guard import guard_decide
+from tests.unit.gate_harness import LoopbackServer, run_gate
 from tests.unit.needs import require
 
 # answers bounded to tenths of a second: make check runs these before its parallel workers, alone
@@ -698,7 +699,7 @@ def test_write_json_atomic(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------------------- sockets
 
 
-class FakeLlamaServer:
+class FakeLlamaServer(LoopbackServer):
     """A tiny llama-server stand-in on 127.0.0.1 that records what it receives."""
 
     def __init__(self) -> None:
@@ -706,11 +707,6 @@ class FakeLlamaServer:
         self.bodies: list[bytes] = []
         self.finished: dict[str, float] = {}
         self.closed_by_peer = asyncio.Event()
-        self.server: asyncio.AbstractServer | None = None
-
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
-        return self.server.sockets[0].getsockname()[1]
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -774,22 +770,7 @@ class FakeLlamaServer:
 
 
 def _run(scenario: Callable[..., Awaitable[None]], **cfg: Any) -> None:
-    async def main() -> None:
-        upstream = FakeLlamaServer()
-        port = await upstream.start()
-        config = dataclasses.replace(CFG, listen_host="127.0.0.1", listen_port=0, upstream_port=port, deadline=2.0,
-                                     **cfg)
-        gate = Gate(config)
-        await gate.start()
-        gate.set_state(SERVING, "llama-server is serving")
-        try:
-            await asyncio.wait_for(scenario(gate, upstream), 8)
-        finally:
-            await gate.stop(grace=0.1)
-            assert upstream.server is not None
-            upstream.server.close()
-
-    asyncio.run(main())
+    run_gate(scenario, FakeLlamaServer(), CFG, 8, **cfg)
 
 
 async def _request(gate: Gate, raw: bytes, ssl_context: ssl.SSLContext | None = None) -> tuple[

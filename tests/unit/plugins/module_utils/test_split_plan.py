@@ -21,6 +21,7 @@ from llamafleet.core.log_parse import (
 from llamafleet.core.split_plan import (
     MAX_AUTO_SLOTS,
     MAX_DEVICES,
+    MIN_SHARED_SLOT_CTX,
     MIN_SLOT_CTX,
     PlanError,
     assemble_plan,
@@ -220,13 +221,24 @@ def test_dense_kv_is_the_same_unified_or_per_slot_when_the_context_divides(n_par
     (131072, MAX_AUTO_SLOTS),
 ])
 def test_auto_slots_one_per_min_slot_ctx_up_to_the_cap(ctx: int, slots: int) -> None:
-    assert auto_slots(ctx) == slots
+    assert auto_slots(ctx) == auto_slots(ctx, kv_unified=False) == slots
+
+
+@pytest.mark.parametrize("ctx, slots", [
+    (MIN_SHARED_SLOT_CTX - 1, 1),
+    (2 * MIN_SHARED_SLOT_CTX, 2),
+    (1024, 8),
+    (2048, 16),   # the big model's context on the lab: 16 slots, the gate keeping them within the cache
+    (131072, MAX_AUTO_SLOTS),
+])
+def test_auto_slots_of_a_shared_cache_one_per_short_request(ctx: int, slots: int) -> None:
+    assert auto_slots(ctx, kv_unified=True) == slots
 
 
 @pytest.mark.parametrize("ctx, n_parallel, unified, n_ctx_train, expected", [
-    (4096, 0, True, 0, (8, True, 4096)),          # auto, every request may use the whole context
+    (4096, 0, True, 0, (16, True, 4096)),         # auto, every request may use the whole context
     (4096, 0, False, 0, (8, True, 512)),          # auto without a unified cache: 4096 / 8
-    (2048, 0, True, 32768, (4, True, 2048)),      # the lab's context
+    (2048, 0, True, 32768, (16, True, 2048)),     # the big model's context on the lab
     (4096, 3, False, 0, (3, False, 1536)),        # pad(4096 / 3, 256)
     (4000, 1, True, 0, (1, False, 4096)),         # -c is padded to 256
     (1024, 4, False, 0, (4, False, 256)),         # the smallest share allowed
@@ -264,22 +276,30 @@ def test_plan_records_the_resolved_slots() -> None:
     plan = plan_split(fleet, None, GEMMA, ctx_size=4096, n_parallel=0, kv_unified=True, compute_mib=32)
     recorded = json.loads(json.dumps(plan))  # what rpc_plan returns and the role writes to plan.json
     assert {k: recorded[k] for k in ("n_parallel", "n_parallel_auto", "kv_unified", "slot_ctx", "kv_cells")} == {
-        "n_parallel": 8, "n_parallel_auto": True, "kv_unified": True, "slot_ctx": 4096, "kv_cells": 4096}
-    assert plan["explanation"][1] == ("8 slots (auto: 4096 ctx / 512), unified KV cache of 4096 tokens shared by all "
-                                      "slots, up to 4096 tokens per request")
-    # the devices hold the KV cache of the resolved slots (SWA layers grow with them)
-    assert plan["totals"]["kv_mib"] == round(sum(kv_bytes_per_layer(GEMMA, 4096, 8, kv_unified=True)) / MIB, 1) == 72
+        "n_parallel": 16, "n_parallel_auto": True, "kv_unified": True, "slot_ctx": 4096, "kv_cells": 4096}
+    assert plan["explanation"][1] == ("16 slots (auto: 4096 ctx / 128, at most 16), unified KV cache of 4096 tokens shared by all "
+                                      "slots, up to 4096 tokens per request; the serving gate admits generations "
+                                      "while their tokens fit the cache together, one without max_tokens generates "
+                                      "at most 1024 (-n)")
+    # the devices hold the KV cache of the resolved slots (SWA layers grow with them: 8 unified slots measured 72 MiB)
+    assert plan["totals"]["kv_mib"] == round(sum(kv_bytes_per_layer(GEMMA, 4096, 16, kv_unified=True)) / MIB, 1)
+    assert round(sum(kv_bytes_per_layer(GEMMA, 4096, 8, kv_unified=True)) / MIB, 1) == 72
     single = plan_split(fleet, None, GEMMA, ctx_size=4096, n_parallel=1, compute_mib=32)
     assert (single["n_parallel"], single["n_parallel_auto"], single["kv_unified"], single["totals"]["kv_mib"]) == (
         1, False, False, 27)
 
 
 @pytest.mark.parametrize("ctx, n_parallel, unified, line", [
-    (65536, 0, True, "16 slots (auto: 65536 ctx / 512, at most 16), unified KV cache of 65536 tokens shared by all "
-                     "slots, up to 32768 tokens per request (the model's training context)"),
+    (65536, 0, True, "16 slots (auto: 65536 ctx / 128, at most 16), unified KV cache of 65536 tokens shared by all "
+                     "slots, up to 32768 tokens per request (the model's training context); the serving gate admits "
+                     "generations while their tokens fit the cache together, one without max_tokens generates at "
+                     "most 16384 (-n)"),
     (4096, 3, False, "3 slots, KV cache split per slot: 3 x 1536 tokens, up to 1536 tokens per request"),
-    (300, 0, True, "1 slot (auto: 300 ctx / 512), KV cache of 512 tokens, up to 512 tokens per request"),
-    (2048, 2, True, "2 slots, unified KV cache of 2048 tokens shared by all slots, up to 2048 tokens per request"),
+    (300, 0, False, "1 slot (auto: 300 ctx / 512), KV cache of 512 tokens, up to 512 tokens per request"),
+    (300, 0, True, "2 slots (auto: 300 ctx / 128), unified KV cache of 512 tokens shared by all slots, up to 512 "
+                   "tokens per request; the serving gate admits generations while their tokens fit the cache "
+                   "together, one without max_tokens generates at most 128 (-n)"),
+    (2048, 1, True, "1 slot, KV cache of 2048 tokens, up to 2048 tokens per request"),
 ])
 def test_explanation_of_the_slots(ctx: int, n_parallel: int, unified: bool, line: str) -> None:
     plan = plan_split([worker("w1", cpu(64000))], None, GEMMA, ctx_size=ctx, n_parallel=n_parallel,
@@ -287,20 +307,21 @@ def test_explanation_of_the_slots(ctx: int, n_parallel: int, unified: bool, line
     assert plan["explanation"][1] == line
 
 
-@pytest.mark.parametrize("ctx, n_parallel, warned", [
-    (2048, 16, True),   # 128 per slot: what failed every request of 16 clients on the lab
-    (8192, 16, False),  # 512 each
-    (2048, 4, False),
-    (2048, 0, False),   # auto keeps 512 per slot
+@pytest.mark.parametrize("ctx, n_parallel, unified, setting, budget, bound", [
+    (2048, 16, True, 0, 2048, 512),   # 128 per slot: what failed every request of 16 clients on the lab, now guarded
+    (2048, 0, True, 0, 2048, 512),
+    (8192, 16, True, 300, 8192, 300),
+    (8192, 16, True, -1, 8192, 0),    # none: a generation without max_tokens runs alone in the gate
+    (2048, 1, True, 0, 0, 0),         # one slot: nothing to share
+    (2048, 4, False, 0, 0, 0),        # a cache split per slot: each slot owns its share
+    (2048, 4, False, 100, 0, 100),
 ])
-def test_a_shared_cache_too_small_for_its_busy_slots_is_warned_about(ctx: int, n_parallel: int, warned: bool) -> None:
-    plan = plan_split([worker("w1", cpu(64000))], None, GEMMA, ctx_size=ctx, n_parallel=n_parallel, kv_unified=True,
-                      compute_mib=32)
-    found = [w for w in plan["warnings"] if "Context size has been exceeded" in w]
-    assert bool(found) is warned
-    if warned:
-        assert found[0].startswith("16 slots share a KV cache of 2048 tokens, 128 per slot when all are busy")
-        assert "raise ctx_size to 8192 (llama_server_ctx_size)" in found[0]
+def test_a_shared_cache_is_guarded_by_the_gate_and_bounds_unbounded_generations(
+        ctx: int, n_parallel: int, unified: bool, setting: int, budget: int, bound: int) -> None:
+    plan = plan_split([worker("w1", cpu(64000))], None, GEMMA, ctx_size=ctx, n_parallel=n_parallel, kv_unified=unified,
+                      compute_mib=32, max_tokens=setting)
+    assert (plan["kv_budget"], plan["max_tokens"]) == (budget, bound)
+    assert not [w for w in plan["warnings"] if "Context size has been exceeded" in w]
 
 
 def test_slots_that_a_split_cache_cannot_hold_are_refused_by_the_planner() -> None:
@@ -767,7 +788,10 @@ def test_plan_split_is_its_steps() -> None:
     choice = choose_split(request["policy"], devices, sizing, request["ctx"])
     plan = assemble_plan(fleet, None, devices, sizing, choice, request["ctx"], compute_mib=512, link_rtt_ms=1.0)
     whole = plan_split(fleet, None, GEMMA, ctx_size=2048, link_rtt_ms=1.0)
-    assert {k: v for k, v in whole.items() if k not in ("explanation", "warnings", "keep")} == plan
+    # plan_split adds the explanation, the keep entry and the slots' two figures for the gate and -n
+    added = ("explanation", "warnings", "keep", "kv_budget", "max_tokens")
+    assert {k: v for k, v in whole.items() if k not in added} == plan
+    assert (whole["n_parallel"], whole["kv_budget"], whole["max_tokens"]) == (1, 0, 0)  # one slot: nothing shared
     # and what a later run needs to keep that split (split_plan.keep_deployed)
     assert whole["keep"] == {"request_key": whole["keep"]["request_key"], "counts": choice["counts"],
                              "cpu_layers": 0, "policy": choice["policy"]}

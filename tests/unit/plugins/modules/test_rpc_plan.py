@@ -138,7 +138,7 @@ def test_rendered_argv_and_unit(tmp_path: Path, capsys: pytest.CaptureFixture[st
     plan = result["plan"]
     assert result["argv"] == [
         BINARY, "-m", MODEL, "--rpc", "10.77.0.12:50052,10.77.0.13:50052", "-ngl", "19", "-sm", "layer",
-        "-ts", plan["tensor_split_arg"], "--fit", "off", "-c", "4096", "-np", "2", "--kv-unified",
+        "-ts", plan["tensor_split_arg"], "--fit", "off", "-c", "4096", "-np", "2", "--kv-unified", "-n", "1024",
         "--host", "10.77.0.11", "--port", "8080", "--metrics", "--chat-template", "gemma", "-lv", "4",
     ]
     lines = result["unit"].splitlines()
@@ -323,8 +323,10 @@ def test_default_slots_are_resolved_and_recorded(capsys: pytest.CaptureFixture[s
     rc, result = run_module(a, capsys)
     assert rc == 0
     plan = result["plan"]
-    assert (plan["n_parallel"], plan["n_parallel_auto"], plan["kv_unified"], plan["slot_ctx"]) == (8, True, True, 4096)
-    assert "8 slots (auto: 4096 ctx / 512)" in result["explain"][1]
+    assert (plan["n_parallel"], plan["n_parallel_auto"], plan["kv_unified"], plan["slot_ctx"]) == (16, True, True, 4096)
+    assert "16 slots (auto: 4096 ctx / 128, at most 16)" in result["explain"][1]
+    # the shared cache the gate guards, and the bound of a generation without max_tokens (-n): a quarter of it
+    assert (plan["kv_budget"], plan["max_tokens"]) == (4096, 1024)
 
 
 def test_split_cache_too_small_per_slot_fails(capsys: pytest.CaptureFixture[str]) -> None:
