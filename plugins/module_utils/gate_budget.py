@@ -32,9 +32,10 @@ COPIES_KEYS = ("n_cmpl", "n")
 # The most body the gate reads to count a generation's tokens (llama-server's own HTTP limit is larger; a bigger
 # body is answered 413).
 MAX_BUDGET_BODY = 32 * 1024 * 1024
-# Tokens added to each counted prompt: the count and llama-server's own tokenization may differ by the BOS token
-# and a template's generation prompt.
-PROMPT_MARGIN = 8
+# Tokens added to each counted prompt. llama-server tokenizes a prompt as /tokenize does here (add_special and
+# parse_special on, the chat template's text for a chat), and a slot holds the prompt and the generated tokens but
+# the last (sampled, never decoded); one more token covers an off-by-one between the two.
+PROMPT_MARGIN = 1
 
 
 class BudgetError(Exception):
