@@ -4,10 +4,11 @@
 """The gate's KV budget: with one KV cache shared by all slots (``--kv-unified``), llama-server fails every request
 in flight at once when the busy slots together outgrow the cache ("Context size has been exceeded",
 ``server-context.cpp``: it has no way to end only one). So the gate admits a generation only when its tokens fit
-beside those of the generations in flight: its prompt, counted by llama-server's own tokenizer (``/apply-template``
-and ``/tokenize``), plus the most it may generate (``max_tokens``, ``max_completion_tokens`` or ``n_predict``, else
+beside those of the generations in flight: its prompt, counted by llama-server itself (a chat's through its
+``input_tokens`` route, which applies the chat template as the chat route does; a plain prompt through ``/tokenize``),
+plus the most it may generate (``max_tokens``, ``max_completion_tokens``, ``n_predict`` or ``max_output_tokens``, else
 the server's ``-n``, else the whole cache). The others wait their turn, first come first served, up to the request
-timeout.
+timeout. A generation the gate cannot count (``/infill``, or a build without the counting route) runs alone.
 
 Part of the serving gate (see serving_gate.py for the map of its modules); stdlib only, runs on the hosts.
 """
@@ -20,14 +21,22 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-# The generation routes of llama-server 0c1e570 (tools/server/server.cpp) whose body the gate reads: chat (the
-# prompt is the chat template applied to the messages) and plain completion (the prompt as given).
-CHAT_PATHS = frozenset(("/chat/completions", "/v1/chat/completions"))
+# The generation routes of llama-server 0c1e570 (tools/server/server.cpp) whose body the gate reads: those whose
+# prompt llama-server counts for the asking (chat, responses and Anthropic messages: the chat template applied to the
+# messages; route -> its counting route, which answers {"input_tokens": N}), plain completion (the prompt as given,
+# counted by /tokenize), and the one the gate cannot count (fill-in-the-middle, which runs alone).
+COUNTED_PATHS = {"/chat/completions": "/chat/completions/input_tokens",
+                 "/v1/chat/completions": "/v1/chat/completions/input_tokens",
+                 "/responses": "/responses/input_tokens", "/v1/responses": "/v1/responses/input_tokens",
+                 "/v1/messages": "/v1/messages/count_tokens"}
 COMPLETION_PATHS = frozenset(("/completion", "/completions", "/v1/completions"))
-BUDGET_PATHS = CHAT_PATHS | COMPLETION_PATHS
+ALONE_PATHS = frozenset(("/infill",))
+BUDGET_PATHS = frozenset(COUNTED_PATHS) | COMPLETION_PATHS | ALONE_PATHS
+# A counting route's answer that says the build has no such route: the generation then runs alone.
+NO_ROUTE = (404, 405, 501)
 # The request fields that bound a generation, and those that ask for several answers, in llama-server's order of
-# precedence (server-schema.cpp: a field, then its aliases).
-LIMIT_KEYS = ("n_predict", "max_completion_tokens", "max_tokens")
+# precedence (server-schema.cpp: a field, then its aliases; the responses API's own name last).
+LIMIT_KEYS = ("n_predict", "max_completion_tokens", "max_tokens", "max_output_tokens")
 COPIES_KEYS = ("n_cmpl", "n")
 # The most body the gate reads to count a generation's tokens (llama-server's own HTTP limit is larger; a bigger
 # body is answered 413).
@@ -108,12 +117,12 @@ Upstream = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 async def prompt_tokens(path: str, body: dict[str, Any], upstream: Upstream) -> tuple[int, int]:
     """(tokens, prompts) of the request's prompt, counted by llama-server: ``upstream(path, json)`` posts to it and
     returns its JSON answer (raising BudgetError when it refuses)."""
-    if path in CHAT_PATHS:
-        rendered = await upstream("/apply-template", body)
-        prompt = rendered.get("prompt")
-        if not isinstance(prompt, str):
-            raise BudgetError(502, "llama-server's /apply-template answered without a prompt")
-        return await _count(prompt, upstream), 1
+    if path in COUNTED_PATHS:
+        answer = await upstream(COUNTED_PATHS[path], body)
+        tokens = answer.get("input_tokens")
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            raise BudgetError(502, "llama-server's %s answered without input_tokens" % COUNTED_PATHS[path])
+        return tokens, 1
     prompt = body.get("prompt", body.get("content", ""))
     if isinstance(prompt, str):
         return await _count(prompt, upstream), 1

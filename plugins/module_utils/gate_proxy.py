@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from .gate_budget import BUDGET_PATHS, MAX_BUDGET_BODY, BudgetError, TokenBudget, cost_of, decode_body, prompt_tokens
+from .gate_budget import (ALONE_PATHS, BUDGET_PATHS, MAX_BUDGET_BODY, NO_ROUTE, BudgetError, TokenBudget, cost_of,
+                          decode_body, prompt_tokens)
 from .gate_config import Config
 from .gate_decision import DOWN, RETRY_AFTER, STARTING, STATES, admission, retry_after
 from .gate_metrics import GATE_METRICS_PATH, metrics_response
@@ -328,17 +329,19 @@ class Gate:
                 raise BudgetError(502, "llama-server's %s answered something other than a JSON object" % path)
             return value
 
+        tokens = budget.capacity  # not counted (a route the gate cannot count, a build without the counting route,
+        # llama-server not answering it): the generation runs alone
         try:
-            tokens, prompts = await self._race(prompt_tokens(req.path, data, upstream), flight,
-                                               self.cfg.deadline * 2, _Abort(504, "llama-server did not count "
-                                                                                  "the prompt's tokens in time"))
-            tokens = cost_of(tokens, data, budget.capacity, self.cfg.default_max_tokens, prompts).tokens
+            if req.path not in ALONE_PATHS:
+                counted, prompts = await self._race(prompt_tokens(req.path, data, upstream), flight,
+                                                    self.cfg.deadline * 2, _Abort(504, "llama-server did not count "
+                                                                                       "the prompt's tokens in time"))
+                tokens = cost_of(counted, data, budget.capacity, self.cfg.default_max_tokens, prompts).tokens
         except BudgetError as exc:
-            if exc.status < 500:
+            if exc.status < 500 and exc.status not in NO_ROUTE:
                 raise _Abort(exc.status, exc.message) from None
-            tokens = budget.capacity  # not counted: the request runs alone
         except (OSError, asyncio.TimeoutError):
-            tokens = budget.capacity
+            pass
         waited = time.monotonic()
         task = asyncio.ensure_future(budget.acquire(tokens))
         await asyncio.wait({task, flight.abort}, timeout=self.cfg.request_timeout,

@@ -31,6 +31,7 @@ pytestmark = pytest.mark.timing
     ({"max_tokens": -1}, 512, 512),
     ({"max_tokens": "24"}, 0, None),
     ({"max_tokens": True}, 64, 64),
+    ({"max_output_tokens": 40}, 0, 40),   # the responses API
 ])
 def test_generation_limit(body: dict[str, Any], default: int, limit: int | None) -> None:
     assert generation_limit(body, default) == limit
@@ -59,15 +60,19 @@ Upstream = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 def _fake_upstream(calls: list[tuple[str, dict[str, Any]]]) -> Upstream:
     async def upstream(path: str, payload: dict[str, Any]) -> dict[str, Any]:
         calls.append((path, payload))
-        if path == "/apply-template":
-            return {"prompt": "<s> " + " ".join(m["content"] for m in payload["messages"]) + " <assistant>"}
+        if path.endswith(("/input_tokens", "/count_tokens")):
+            words = " ".join(m["content"] for m in payload["messages"]).split()
+            return {"input_tokens": len(words) + 2}  # a template's turn markers
         return {"tokens": list(range(len(payload["content"].split())))}
     return upstream
 
 
 @pytest.mark.parametrize(("path", "body", "expected", "paths"), [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "one two three"}]}, (5, 1),
-     ["/apply-template", "/tokenize"]),
+     ["/v1/chat/completions/input_tokens"]),
+    ("/chat/completions", {"messages": [{"role": "user", "content": "one"}]}, (3, 1), ["/chat/completions/input_tokens"]),
+    ("/v1/responses", {"messages": [{"role": "user", "content": "a b"}]}, (4, 1), ["/v1/responses/input_tokens"]),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "a"}]}, (3, 1), ["/v1/messages/count_tokens"]),
     ("/v1/completions", {"prompt": "one two"}, (2, 1), ["/tokenize"]),
     ("/completion", {"content": "a b c d"}, (4, 1), ["/tokenize"]),
     ("/completion", {"prompt": [1, 2, 3]}, (3, 1), []),
@@ -78,8 +83,8 @@ def test_prompt_tokens_asks_llama_servers_tokenizer(path: str, body: dict[str, A
     calls: list[tuple[str, dict[str, Any]]] = []
     assert asyncio.run(prompt_tokens(path, body, _fake_upstream(calls))) == expected
     assert [call[0] for call in calls] == paths
-    if path == "/v1/chat/completions":
-        assert calls[0][1] == body  # the chat body as the client sent it: the template sees tools and all
+    if path.endswith(("completions", "responses", "messages")) and path != "/v1/completions":
+        assert calls[0][1] == body  # the body as the client sent it: the template sees tools and all
 
 
 @pytest.mark.parametrize("body", [{"prompt": 5}, {"prompt": [{"x": 1}]}, {"prompt": []}])
@@ -158,13 +163,17 @@ class KvServer(LoopbackServer):
             self.heads.append(head)
             if self.key and req.get("authorization") != ["Bearer " + self.key]:
                 await self._json(writer, 401, {"error": {"code": 401, "message": "Invalid API Key"}})
-            elif req.path == "/apply-template":
-                await self._json(writer, 200, {"prompt": " ".join(m["content"] for m in body["messages"])})
+            elif req.path == "/v1/chat/completions/input_tokens":
+                words = " ".join(m["content"] for m in body["messages"]).split()
+                await self._json(writer, 200, {"input_tokens": len(words)})
+            elif req.path == "/v1/responses/input_tokens":
+                await self._json(writer, 404, {"error": {"code": 404, "message": "File Not Found"}})
             elif req.path == "/tokenize":
                 await self._json(writer, 200, {"tokens": list(range(len(body["content"].split())))})
             else:
                 words = body.get("prompt") or " ".join(m["content"] for m in body.get("messages", []))
-                need = min(self.capacity, len(words.split()) + body.get("max_tokens", self.n_predict or self.capacity))
+                limit = body.get("max_tokens", body.get("max_output_tokens", self.n_predict or self.capacity))
+                need = min(self.capacity, len(words.split()) + limit)
                 self.used += need
                 self.peak = max(self.peak, self.used)
                 if self.used > self.capacity:
@@ -268,14 +277,31 @@ def test_a_chat_is_counted_through_the_template_and_the_key_goes_along() -> None
     async def scenario(gate: Gate, server: KvServer) -> None:
         chat = {"messages": [{"role": "user", "content": "a b c"}], "max_tokens": 10}
         assert (await _ask(gate, _post("/v1/chat/completions", chat, key="s3cret")))[0] == 200
-        assert server.paths == ["/apply-template", "/tokenize", "/v1/chat/completions"]
+        assert server.paths == ["/v1/chat/completions/input_tokens", "/v1/chat/completions"]
         assert all(b"Authorization: Bearer s3cret" in head for head in server.heads)
         # a wrong key is refused by llama-server's own answer, before any generation starts
         status, body = await _ask(gate, _post("/v1/chat/completions", chat, key="wrong"))
         assert status == 401 and body["error"]["message"].endswith("Invalid API Key")
-        assert server.paths[-1] == "/apply-template" and gate.budget is not None and gate.budget.reserved == 0
+        assert server.paths[-1] == "/v1/chat/completions/input_tokens"
+        assert gate.budget is not None and gate.budget.reserved == 0
 
     _run(scenario, KvServer(100, hold=0.05, key="s3cret"), kv_budget=100)
+
+
+@pytest.mark.parametrize("path", ["/v1/responses", "/infill"])
+def test_a_generation_the_gate_cannot_count_runs_alone(path: str) -> None:
+    """/v1/responses on a build that answers its counting route 404, and /infill, which the gate does not count: each
+    reserves the whole cache, so three of them run one after another and never overflow it."""
+    async def scenario(gate: Gate, server: KvServer) -> None:
+        small = {"messages": [{"role": "user", "content": "a b"}], "prompt": "a b", "max_output_tokens": 5}
+        started = time.monotonic()
+        answers = await asyncio.gather(*(_ask(gate, _post(path, small)) for _index in range(3)))
+        assert [status for status, _body in answers] == [200] * 3
+        assert time.monotonic() - started >= 3 * server.hold and server.overflowed == 0 and server.peak == 7
+        # the responses' counting route was asked each time (and said 404); /infill's count is never asked
+        assert server.paths.count("/v1/responses/input_tokens") == (3 if path == "/v1/responses" else 0)
+
+    _run(scenario, KvServer(100, hold=0.15), kv_budget=100)
 
 
 def test_a_body_that_is_not_json_is_refused_by_the_gate() -> None:
