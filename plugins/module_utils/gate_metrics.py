@@ -32,6 +32,11 @@ GATE_METRICS: dict[str, tuple[str, str]] = {
     "llamafleet_gate_rejected_total": ("counter", "Client requests the gate answered 503 itself."),
     "llamafleet_gate_aborted_total": ("counter", "Requests in flight the gate ended because the cluster went down."),
     "llamafleet_gate_in_flight": ("gauge", "Requests relayed to llama-server now."),
+    # The KV budget (gate_budget.py), only where the slots share a cache.
+    "llamafleet_gate_kv_budget_tokens": ("gauge", "KV cells llama-server's slots share, which the gate keeps "
+                                                  "generations within."),
+    "llamafleet_gate_kv_reserved_tokens": ("gauge", "Tokens the generations admitted now may hold in the shared cache."),
+    "llamafleet_gate_kv_waiting": ("gauge", "Generations waiting for room in the shared cache."),
     "llamafleet_gate_restarts_total": (
         "counter", "llama-server restarts the watchdog made (SIGKILL when stuck or stalled; systemd starts it again)."),
     "llamafleet_gate_degraded": (
@@ -139,8 +144,9 @@ def track_load(clock: LoadClock, pid: int, started: float | None, health: int | 
 
 
 def gate_samples(state: str, since: float, counters: Mapping[str, int], in_flight: int, restarts: int,
-                 degraded: bool | None, load: LoadClock) -> list[Sample]:
-    """The gate's metrics (:data:`GATE_METRICS`) from its state; ``degraded`` None: degraded mode is off."""
+                 degraded: bool | None, load: LoadClock, budget: tuple[int, int, int] | None = None) -> list[Sample]:
+    """The gate's metrics (:data:`GATE_METRICS`) from its state; ``degraded`` None: degraded mode is off;
+    ``budget``: (capacity, reserved, waiting) of its KV budget, None without one."""
     samples: list[Sample] = [("llamafleet_gate_state", {"state": name}, 1 if name == state else 0) for name in STATES]
     samples += [("llamafleet_gate_state_since_seconds", {}, since),
                 ("llamafleet_gate_requests_total", {}, counters.get("requests", 0)),
@@ -151,6 +157,10 @@ def gate_samples(state: str, since: float, counters: Mapping[str, int], in_fligh
                 ("llamafleet_llama_server_loads_total", {}, load.loads)]
     if degraded is not None:
         samples.append(("llamafleet_gate_degraded", {}, 1 if degraded else 0))
+    if budget is not None:
+        samples += [(name, {}, value) for name, value in zip(("llamafleet_gate_kv_budget_tokens",
+                                                               "llamafleet_gate_kv_reserved_tokens",
+                                                               "llamafleet_gate_kv_waiting"), budget)]
     if load.last_seconds is not None:
         samples.append(("llamafleet_llama_server_load_seconds", {}, round(load.last_seconds, 3)))
     if load.ready_at is not None:

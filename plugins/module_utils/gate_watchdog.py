@@ -359,8 +359,11 @@ class Watchdog:
         """The gate's metrics (GATE_METRICS_PATH) as Prometheus text: its own, and each worker link's from the last
         poll."""
         degraded = None if self.cfg.degrade is None else self.without is not None
+        kv = self.gate.budget
+        budget = None if kv is None else (kv.capacity, kv.reserved, kv.waiting)
         return render_exposition(GATE_METRICS, gate_samples(self.gate.state, self.gate.since, self.gate.counters,
-                                                            self.gate.in_flight, self.restarts, degraded, self.load)
+                                                            self.gate.in_flight, self.restarts, degraded, self.load,
+                                                            budget)
                                  + link_samples(self.links, self.stall_polls, self.stalls))
 
     def write_state(self) -> None:

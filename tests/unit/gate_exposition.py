@@ -25,13 +25,14 @@ LAB_WORKERS = (Worker("lab2", "10.77.0.12", 50052), Worker("lab3", "10.77.0.13",
 
 def gate_exposition(ss_text: str, workers: tuple[Worker, ...], polls: int = 1) -> str:
     """The gate's metrics after ``polls`` polls of a watchdog whose llama-server (pid 4242, running the configured
-    ``workers``) is active and healthy and whose ``ss`` shows ``ss_text``, degraded mode on (it runs the full plan).
+    ``workers``) is active and healthy and whose ``ss`` shows ``ss_text``, degraded mode on (it runs the full plan),
+    its slots sharing the lab's cache of 2,048 tokens (the KV budget's metrics).
     Nothing is pinged, killed or written: those steps are stubbed; observing the links, counting stalls, deciding
     and rendering are the gate's own."""
     degrade = Degrade(plans={w.host: None for w in workers}, reasons={}, request_file="/nonexistent/plan-request.json",
                       probe=("false",))
     cfg = Config(listen_port=8080, upstream_port=8081, unit="llamafleet-llama-server.service", workers=workers,
-                 degrade=degrade)
+                 degrade=degrade, kv_budget=2048)
     dog = Watchdog(Gate(cfg, clock=lambda: 1000.0), cfg)
 
     async def process() -> tuple[str, int]:

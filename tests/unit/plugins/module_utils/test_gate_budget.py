@@ -10,7 +10,7 @@ from typing import Any, Awaitable, Callable
 
 import pytest
 
-from llamafleet.core import http_wire
+from llamafleet.core import gate_metrics, http_wire
 from llamafleet.core.gate_budget import (PROMPT_MARGIN, BudgetError, TokenBudget, copies, cost_of, generation_limit,
                                          prompt_tokens)
 from llamafleet.core.gate_config import Config, load_config
@@ -324,6 +324,23 @@ def test_a_generation_that_waits_past_the_request_timeout_is_answered_503() -> N
         assert gate.budget is not None and (gate.budget.reserved, gate.budget.waiting) == (0, 0)
 
     _run(scenario, KvServer(100, hold=1.0), kv_budget=100, request_timeout=0.4)
+
+
+def test_the_gates_metrics_show_the_budget_and_the_waiting() -> None:
+    async def scenario(gate: Gate, server: KvServer) -> None:
+        first = asyncio.ensure_future(_ask(gate, _post("/v1/completions", {"prompt": "w", "max_tokens": 80})))
+        second = asyncio.ensure_future(_ask(gate, _post("/v1/completions", {"prompt": "w", "max_tokens": 80})))
+        await asyncio.sleep(0.15)
+        kv = gate.budget
+        assert kv is not None
+        samples = gate_metrics.gate_samples(gate.state, gate.since, gate.counters, gate.in_flight, 0, None,
+                                            gate_metrics.LoadClock(), (kv.capacity, kv.reserved, kv.waiting))
+        values = {name: value for name, _labels, value in samples if name.startswith("llamafleet_gate_kv_")}
+        assert values == {"llamafleet_gate_kv_budget_tokens": 100, "llamafleet_gate_kv_reserved_tokens": 82,
+                          "llamafleet_gate_kv_waiting": 1}
+        assert [status for status, _body in await asyncio.gather(first, second)] == [200, 200]
+
+    _run(scenario, KvServer(100, hold=0.4), kv_budget=100)
 
 
 def test_a_client_that_leaves_while_it_waits_frees_its_place() -> None:
