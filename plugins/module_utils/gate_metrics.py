@@ -158,9 +158,8 @@ def gate_samples(state: str, since: float, counters: Mapping[str, int], in_fligh
     if degraded is not None:
         samples.append(("llamafleet_gate_degraded", {}, 1 if degraded else 0))
     if budget is not None:
-        samples += [(name, {}, value) for name, value in zip(("llamafleet_gate_kv_budget_tokens",
-                                                               "llamafleet_gate_kv_reserved_tokens",
-                                                               "llamafleet_gate_kv_waiting"), budget)]
+        names = ("llamafleet_gate_kv_budget_tokens", "llamafleet_gate_kv_reserved_tokens", "llamafleet_gate_kv_waiting")
+        samples += [(name, {}, value) for name, value in zip(names, budget)]
     if load.last_seconds is not None:
         samples.append(("llamafleet_llama_server_load_seconds", {}, round(load.last_seconds, 3)))
     if load.ready_at is not None:
