@@ -28,13 +28,13 @@ class LoopbackServer:
 def run_gate(scenario: Callable[[Gate, Any], Awaitable[None]], upstream: Any, base: Config, timeout: float,
              **cfg: Any) -> None:
     """Start ``upstream`` (``await start()`` gives its port, ``server`` its asyncio server), a gate in front of it
-    serving (``base`` with ``cfg``, listening on a free loopback port), run ``scenario(gate, upstream)`` within
+    serving (``base`` with ``cfg``, a deadline of 2 s unless ``cfg`` sets one, listening on a free loopback port), run ``scenario(gate, upstream)`` within
     ``timeout`` seconds, and stop both."""
 
     async def main() -> None:
         port = await upstream.start()
         gate = Gate(dataclasses.replace(base, listen_host="127.0.0.1", listen_port=0, upstream_port=port,
-                                        deadline=2.0, **cfg))
+                                        **{"deadline": 2.0, **cfg}))
         await gate.start()
         gate.set_state(SERVING, "llama-server is serving")
         try:

@@ -142,8 +142,10 @@ class KvServer(LoopbackServer):
     its prompt's words plus max_tokens for ``hold`` seconds; ``overflowed`` counts the times the generations in
     flight outgrew the cache (where llama-server fails all of them)."""
 
-    def __init__(self, capacity: int, hold: float = 0.3, key: str | None = None, n_predict: int = 0) -> None:
+    def __init__(self, capacity: int, hold: float = 0.3, key: str | None = None, n_predict: int = 0,
+                 count_delay: float = 0.0) -> None:
         self.capacity = capacity
+        self.count_delay = count_delay  # seconds /tokenize takes to answer
         self.n_predict = n_predict  # -n: the bound of a generation that gives none
         self.hold = hold
         self.key = key
@@ -169,6 +171,7 @@ class KvServer(LoopbackServer):
             elif req.path == "/v1/responses/input_tokens":
                 await self._json(writer, 404, {"error": {"code": 404, "message": "File Not Found"}})
             elif req.path == "/tokenize":
+                await asyncio.sleep(self.count_delay)
                 await self._json(writer, 200, {"tokens": list(range(len(body["content"].split())))})
             else:
                 words = body.get("prompt") or " ".join(m["content"] for m in body.get("messages", []))
@@ -302,6 +305,17 @@ def test_a_generation_the_gate_cannot_count_runs_alone(path: str) -> None:
         assert server.paths.count("/v1/responses/input_tokens") == (3 if path == "/v1/responses" else 0)
 
     _run(scenario, KvServer(100, hold=0.15), kv_budget=100)
+
+
+def test_a_count_that_does_not_come_within_the_deadline_runs_the_generation_alone() -> None:
+    """llama-server too busy to answer /tokenize within the gate's deadline: the generations are served one at a time
+    (each reserves the whole cache), not refused."""
+    async def scenario(gate: Gate, server: KvServer) -> None:
+        answers = await asyncio.gather(*(_ask(gate, _post("/v1/completions", COMPLETION)) for _index in range(2)))
+        assert [status for status, _body in answers] == [200, 200]
+        assert server.peak == 40 and server.overflowed == 0  # one at a time, where two would fit if counted
+
+    _run(scenario, KvServer(100, hold=0.1, count_delay=0.5), kv_budget=100, deadline=0.2)
 
 
 def test_a_body_that_is_not_json_is_refused_by_the_gate() -> None:
