@@ -1,6 +1,9 @@
-"""Benchmark: cold deploy of a fresh lab, how many times llama.cpp was compiled, and the idempotent re-run.
+"""Benchmark: cold deploy of a fresh lab, how many times llama.cpp was compiled, and the idempotent re-runs.
 
     python -m benchmarks.deploy_speed [--hosts 3] [--compile]
+
+The re-runs: one with every task (``llamafleet_skip_when_in_sync=false``: the roles' own idempotence), then two
+that take the stamps' way (every host in sync with the stamp the last whole deploy left: the roles are left out).
 
 ``--compile`` points the build role at an empty artifact cache, so the cold
 deploy compiles llama.cpp as on a fleet's first day; without it the controller's
@@ -22,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 TASK = re.compile(r"^TASK \[(?P<name>[^\]]+)\]")
 CHANGED = re.compile(r"^changed: \[(?P<host>[^\]]+)\]")
+IN_SYNC = "Every host is as the last deploy left it"
 
 
 def compiled_on(output: str) -> list[str]:
@@ -62,12 +66,18 @@ def main() -> int:
         extra = ["-e", f"llamacpp_build_artifact_cache={empty}"] if args.compile else []
         cold_s, cold_out, _ = deploy(*extra)
     builders = compiled_on(cold_out)
-    rerun_s, _, rerun_changed = deploy()
+    rerun_s, _, rerun_changed = deploy("-e", "llamafleet_skip_when_in_sync=false")
+    stamped = [deploy() for _ in range(2)]
+    in_sync = all(IN_SYNC in out for _, out, _ in stamped)
     print(f"| cold deploy of {args.hosts} bare lab hosts ({'compiling' if args.compile else 'artifact cache'}) "
           f"| {cold_s:.1f} s |")
     print(f"| llama.cpp compiled | {len(builders)} time(s) ({', '.join(builders) or 'none: from the artifact cache'}) |")
-    print(f"| idempotent re-run | {rerun_s:.1f} s, changed={rerun_changed} |")
-    return 0 if rerun_changed == 0 and len(builders) <= 1 else 1
+    print(f"| idempotent re-run, every task | {rerun_s:.1f} s, changed={rerun_changed} |")
+    print(f"| idempotent re-run, every host in sync with its stamp | "
+          f"{' and '.join(f'{seconds:.1f} s' for seconds, _, _ in stamped)}, "
+          f"changed={sum(changed for _, _, changed in stamped)}{'' if in_sync else ', NOT in sync'} |")
+    ok = rerun_changed == 0 and len(builders) <= 1 and in_sync and not any(changed for _, _, changed in stamped)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

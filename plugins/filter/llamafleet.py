@@ -36,6 +36,7 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.rpc_workers imp
     rpc_server_endpoints,
     rpc_server_instances,
 )
+from ansible_collections.llamafleet.cluster.plugins.module_utils.deploy_stamp import sync_report
 from ansible_collections.llamafleet.cluster.plugins.module_utils.host_observation import ping_group_range
 from ansible_collections.llamafleet.cluster.plugins.module_utils.split_plan import PlanError, elect_orchestrator
 
@@ -120,6 +121,11 @@ def llamafleet_cluster_source_mismatch(sources):
         raise AnsibleFilterError("llamacpp_cluster_source_mismatch: %s" % exc) from exc
 
 
+def llamafleet_stamp_report(hosts, results):
+    """What the deploy does after comparing each host with its stamp (module_utils/deploy_stamp.py)."""
+    return sync_report(list(hosts), list(results))
+
+
 class FilterModule:
     """llamafleet filters."""
 
@@ -135,4 +141,5 @@ class FilterModule:
             "rpc_server_endpoints": llamafleet_rpc_server_endpoints,
             "llamacpp_build_identity": llamafleet_build_identity,
             "llamacpp_cluster_source_mismatch": llamafleet_cluster_source_mismatch,
+            "stamp_report": llamafleet_stamp_report,
         }

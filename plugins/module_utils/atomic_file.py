@@ -15,20 +15,21 @@ import tempfile
 from typing import Any
 
 
-def write_json_atomic(path: str, data: dict[str, Any]) -> None:
+def write_json_atomic(path: str, data: dict[str, Any], mode: int = 0o644) -> None:
     """Write ``data`` as JSON to ``path`` through a temporary file in the same directory and a rename."""
-    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n", mode)
 
 
-def write_text_atomic(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` (mode 0644) through a temporary file in the same directory and a rename."""
+def write_text_atomic(path: str, text: str, mode: int = 0o644) -> None:
+    """Write ``text`` to ``path`` (``mode``, 0644 unless given) through a temporary file in the same directory and a
+    rename."""
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     handle, temp = tempfile.mkstemp(prefix=".llamafleet.", dir=directory)
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             out.write(text)
-        os.chmod(temp, 0o644)
+        os.chmod(temp, mode)
         os.replace(temp, path)
     except BaseException:
         try:

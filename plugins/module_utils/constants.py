@@ -104,6 +104,11 @@ CHAT_TEMPLATE_PATH = CONFIG_DIR + "/chat-template.jinja"
 # paths, users, build, plan, endpoint), versioned JSON; the CLI, bench and teardown read it instead of constants.
 DEPLOYMENT_RECORD_PATH = CONFIG_DIR + "/deployment.json"
 DEPLOYMENT_RECORD_SCHEMA = 1
+# The stamp a whole deploy leaves on each host (module_utils/deploy_stamp.py), root only: the next deploy with the same
+# inputs checks it with one module run a host and, when every host is in sync, adds them all to GROUP_IN_SYNC, which
+# the deploy's plays leave out (lookup llamafleet.cluster.deploy_hosts).
+STAMP_PATH = CONFIG_DIR + "/stamp.json"
+GROUP_IN_SYNC = "_llamafleet_in_sync"
 # This collection's version (galaxy.yml, pyproject.toml and llamafleet.__version__ agree; a unit test checks).
 COLLECTION_VERSION = "0.4.0"
 # The workers' nftables rules (rpc_server_firewall).

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,9 +133,11 @@ def test_api_needs_the_generated_key_except_health(deployed, fleet):
     assert _status(endpoint.url + "/metrics", endpoint.api_key) == 200
 
 
+# every task runs, whatever the stamps say: the roles' own idempotence (test_a_deploy_with_nothing_to_change_...
+# takes the stamps' way)
 @quiet("second-deploy")
 def _second_deploy(work: Path) -> PlaybookRun:
-    return playbook("deploy.yml")
+    return playbook("deploy.yml", "-e", "llamafleet_skip_when_in_sync=false")
 
 
 @quiet("check-diff")
@@ -143,10 +146,61 @@ def _check_diff(work: Path) -> PlaybookRun:
 
 
 def test_second_run_changes_nothing_and_restarts_nothing(quiet_runs):
-    """A second deploy.yml (in the quiet batch, which asserts that no unit restarted and no unit file changed)."""
+    """A second deploy.yml with every task (in the quiet batch, which asserts that no unit restarted and no unit file
+    changed)."""
     run = quiet_runs["second-deploy"]
     assert run.rc == 0, run.output[-6000:]
     assert run.recap and run.changed == 0, run.output[-6000:]
+    assert IN_SYNC not in run.output and "TASK [llamafleet.cluster.llama_server : " in run.output, run.output[-3000:]
+
+
+IN_SYNC = "Every host is as the last deploy left it: nothing to converge"
+STAMPED_UNIT = "/etc/systemd/system/" + constants.RPC_SERVER_UNIT
+
+
+def deploy_said(run: PlaybookRun) -> str:
+    """The first play's report: nothing to converge, or why every host converges."""
+    found = re.search(r"TASK \[Say whether the roles run\].*?msg: (.*?)\n\n", run.output, re.S)
+    assert found, run.output[-4000:]
+    said = " ".join(found.group(1).split())
+    return said[1:-1].replace("''", "'") if said[:1] == "'" else said
+
+
+def test_a_deploy_with_nothing_to_change_skips_the_roles_and_one_with_drift_converges(deployed, fleet):
+    """A whole deploy stamps every host. The next one finds every host in sync and leaves the preflight and the roles
+    out, restarting nothing. A unit file edited on one worker and a unit stopped on the other are named, and the deploy
+    converges every host and puts both right. A changed variable converges too."""
+    first = playbook("deploy.yml")  # the quiet batch's runs may have left other stamps (or none)
+    assert first.rc == 0 and first.changed == 0, first.output[-6000:]
+    with nothing_changes(fleet):
+        started = time.monotonic()
+        run = playbook("deploy.yml")
+        seconds = time.monotonic() - started
+    assert run.rc == 0 and run.recap and run.changed == 0, run.output[-6000:]
+    assert deploy_said(run).startswith(IN_SYNC), run.output[-4000:]
+    assert "TASK [llamafleet.cluster." not in run.output, "a role ran on a fleet in sync"
+    print(f"no-change deploy, the stamps' way: {seconds:.1f} s")
+
+    edited, stopped = fleet.workers[0], fleet.workers[-1]
+    fleet.run_one(f"echo '# edited by hand' >> {STAMPED_UNIT}", edited)
+    fleet.run_one(f"systemctl stop {constants.RPC_GUARD_UNIT}", stopped)
+    assert fleet.run_one(f"systemctl is-active {constants.RPC_GUARD_UNIT} || true", stopped).strip() == "inactive"
+    run = playbook("deploy.yml")
+    assert run.rc == 0 and run.changed > 0, run.output[-6000:]
+    said = deploy_said(run)
+    assert said.startswith("Converging every host.") and f"{edited.name}: {STAMPED_UNIT} changed" in said, said
+    assert f"{stopped.name}: {constants.RPC_GUARD_UNIT}: ActiveState inactive" in said, said
+    assert "edited by hand" not in fleet.run_one(f"cat {STAMPED_UNIT}", edited)
+    assert fleet.run_one(f"systemctl is-active {constants.RPC_GUARD_UNIT}", stopped).strip() == "active"
+
+    # a variable no role reads still changes the inputs: the stamps' way errs on the side of converging
+    run = playbook("deploy.yml", "-e", "e2e_stamp_marker=1")
+    said = deploy_said(run)
+    assert run.rc == 0 and said.startswith("Converging every host. The deploy's inputs changed"), said
+    run = playbook("deploy.yml")
+    assert run.rc == 0 and deploy_said(run).startswith("Converging every host. The deploy's inputs changed")
+    run = playbook("deploy.yml")
+    assert run.rc == 0 and run.changed == 0 and deploy_said(run).startswith(IN_SYNC), run.output[-4000:]
 
 
 def test_check_diff_on_converged_fleet_reports_no_change(quiet_runs):

@@ -164,6 +164,9 @@ def test_deploy_runs_every_preflight_then_records_it() -> None:
     play = next(p for p in plays if any("_llamafleet_preflight_done" in (t.get("ansible.builtin.set_fact") or {})
                                         for t in p.get("tasks", [])))
     tasks = play["tasks"]
+    # last, the stamps go (test_the_preflight_forgets_the_stamps_under_every_tag_that_changes_hosts)
+    assert tasks[-1]["llamafleet.cluster.deploy_stamp"] == {"state": "absent"}
+    tasks = tasks[:-1]
     includes = [t for t in tasks if (t.get("ansible.builtin.include_role") or {}).get("tasks_from") == "preflight"]
     roles = [t["ansible.builtin.include_role"]["name"].rsplit(".", 1)[1] for t in includes]
     assert sorted(roles) == DEPLOY
@@ -186,3 +189,19 @@ def test_deploy_runs_every_preflight_then_records_it() -> None:
         first_role = min(i for i, p in enumerate(entries) if p.get("roles"))
         imports = [i for i, p in enumerate(entries) if p.get("ansible.builtin.import_playbook") == "_preflight.yml"]
         assert len(imports) == 1 and imports[0] < first_role, name
+
+
+def test_the_preflight_forgets_the_stamps_under_every_tag_that_changes_hosts() -> None:
+    """A run with any tag of a deploy role (not its preflight's) forgets the stamps; --tags election_only or preflight
+    keeps them."""
+    changing = set()
+    for role in DEPLOY:
+        for path in sorted((ROLES / role / "tasks").glob("*.yml")):
+            for tags in re.findall(r"tags: \[([^\]]*)\]", path.read_text(encoding="utf-8")):
+                changing |= {tag.strip() for tag in tags.split(",")}
+    changing = {tag for tag in changing if tag != "always" and not tag.endswith("_preflight")}
+    assert {"llamacpp_build", "model", "rpc_server", "llama_server", "edge", "llama_server_share"} <= changing
+    plays = _load(REPO / "playbooks" / "_preflight.yml")
+    forget = [t for p in plays for t in p.get("tasks", []) if "llamafleet.cluster.deploy_stamp" in t]
+    assert len(forget) == 1 and forget[0]["llamafleet.cluster.deploy_stamp"] == {"state": "absent"}
+    assert set(forget[0]["tags"]) == changing

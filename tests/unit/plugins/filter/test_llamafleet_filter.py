@@ -25,7 +25,7 @@ def test_the_filters() -> None:
     assert set(FILTERS) == {"elect_orchestrator", "rpc_server_instances", "rpc_server_endpoints",
                             "llamacpp_build_identity", "llamacpp_cluster_source_mismatch",
                             "rpc_server_instances_problem", "fleet_groups_problem", "rpc_endpoint_clash",
-                            "bind_address_problem", "gate_ping_group_range"}
+                            "bind_address_problem", "gate_ping_group_range", "stamp_report"}
 
 
 def test_gate_ping_group_range() -> None:
