@@ -10,7 +10,7 @@ A stamp holds:
   variables, the group membership, Ansible's version, the controller files those variables name), computed by the
   lookup ``llamafleet.cluster.deploy_inputs`` with :func:`inputs_digest`;
 - ``facts``: the host facts the roles plan from (:func:`host_facts`): system, CPUs, addresses, devices and their
-  total memory;
+  total memory, and the live ``net.ipv4.ping_group_range`` that the llama_server role sets;
 - ``files``: one fingerprint per file, link and folder under the places the roles write (:func:`watched_roots`):
   the content's sha256 for files up to ``HASH_LIMIT``, size, mtime and inode above it (binaries, the model);
 - ``units``: each llamafleet unit's ``UnitFileState``, and its ``ActiveState`` where it is enabled;
@@ -44,6 +44,7 @@ FIXED_ROOTS: tuple[tuple[str, tuple[str, ...] | None], ...] = (
     (SYSTEMD_DIR, _LLAMAFLEET_NAMES),
     ("/run/systemd/system", _LLAMAFLEET_NAMES),
     (os.path.dirname(LIBEXEC_DIR), ("llamafleet",)),
+    ("/etc/sysctl.d", ("llamafleet",)),
     ("/etc/ufw", None),
     ("/etc/firewalld", None),
 )
@@ -219,9 +220,11 @@ def device_totals(devices: Iterable[Mapping[str, Any]]) -> list[list[Any]]:
 
 
 def host_facts(os_release: str, machine: str, cpus: int, addresses: str, routes: Iterable[str],
-               devices: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """The facts the roles plan from, from the readings the module takes."""
+               devices: Iterable[Mapping[str, Any]], ping_group_range: str = "") -> dict[str, Any]:
+    """The facts the roles plan from, from the readings the module takes, and the live setting the llama_server role
+    reads and sets (``net.ipv4.ping_group_range``: the gate's group may ping)."""
     return {
+        "ping_group_range": " ".join(ping_group_range.split()),
         "os": parse_os_release(os_release),
         "machine": machine,
         "cpus": cpus,

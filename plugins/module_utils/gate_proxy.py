@@ -36,6 +36,9 @@ CLIENT_HEAD_TIMEOUT = 30.0
 CLOSE_TIMEOUT = 2.0
 LOG_PREFIX = "llamafleet-gate: "
 NOT_RUNNING = "llama-server is not running (restarting)"
+# The interim answer to a client's Expect: 100-continue (written once, by _serve).
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+BODY_CLOSED = "the client closed the connection in the request body"
 
 
 def log(message: str) -> None:
@@ -230,12 +233,16 @@ class Gate:
         reserved = 0
         try:
             body = None
-            if self.budget is not None and req.method == "POST" and req.path in BUDGET_PATHS:
+            # once, before the body is read here or relayed (a 503 may follow it: an interim answer binds nothing)
+            if wants_continue(req) and framing[0] != "none":
+                writer.write(CONTINUE)
+            budget = self.budget
+            if budget is not None and req.method == "POST" and req.path in BUDGET_PATHS:
                 try:
-                    body = await self._read_body(req, reader, writer, framing)
+                    body = await self._read_body(reader, framing)
                     # the client's hang-up is watched from here on (the body is read)
                     pump = asyncio.ensure_future(self._pump(reader, None, ("none", 0), flight))
-                    reserved = await self._admit(req, body, flight)
+                    reserved = await self._admit(budget, req, body, flight)
                 except _Abort as exc:
                     await self._abort(req, writer, None, exc, False, False, b"")
                     return
@@ -252,8 +259,6 @@ class Gate:
                 _settle(flight.abort, 503, self.reason)
             try:
                 if body is None:
-                    if wants_continue(req) and framing[0] != "none":
-                        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                     up_writer.write(upstream_request_head(req))
                     pump = asyncio.ensure_future(self._pump(reader, up_writer, framing, flight))
                 else:
@@ -268,15 +273,12 @@ class Gate:
             if reserved and self.budget is not None:
                 self.budget.release(reserved)
 
-    async def _read_body(self, req: RequestHead, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                         framing: tuple[str, int]) -> bytes:
+    async def _read_body(self, reader: asyncio.StreamReader, framing: tuple[str, int]) -> bytes:
         """The whole request body (to count its tokens), at most MAX_BUDGET_BODY bytes, each read within
         CLIENT_HEAD_TIMEOUT."""
         kind, length = framing
         if kind == "length" and length > MAX_BUDGET_BODY:
             raise _Abort(413, "request body larger than %d bytes" % MAX_BUDGET_BODY)
-        if wants_continue(req) and kind != "none":
-            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         slow = _Abort(408, "no complete request body in %.0f s" % CLIENT_HEAD_TIMEOUT)
         try:
             if kind == "length":
@@ -287,7 +289,7 @@ class Gate:
                 while not decoder.done:
                     data = await asyncio.wait_for(reader.read(RELAY_READ_SIZE), CLIENT_HEAD_TIMEOUT)
                     if not data:
-                        raise _Abort(0, "the client closed the connection in the request body")
+                        raise _Abort(0, BODY_CLOSED)
                     body += b"".join(decoder.feed(data))
                     if len(body) > MAX_BUDGET_BODY:
                         raise _Abort(413, "request body larger than %d bytes" % MAX_BUDGET_BODY)
@@ -295,18 +297,15 @@ class Gate:
         except asyncio.TimeoutError:
             raise slow from None
         except asyncio.IncompleteReadError:
-            raise _Abort(0, "the client closed the connection in the request body") from None
+            raise _Abort(0, BODY_CLOSED) from None
         except ChunkError as exc:
             raise _Abort(400, "bad chunked request body: %s" % exc) from None
         except (OSError, ssl.SSLError):
             raise _Abort(0, "the client closed the connection") from None
 
-    async def _admit(self, req: RequestHead, body: bytes, flight: _Flight) -> int:
-        """Wait until the generation's tokens fit the shared KV cache beside those in flight (gate_budget.py);
-        returns the tokens reserved."""
-        budget = self.budget
-        if budget is None:
-            raise _Abort(500, "the gate has no KV budget")  # _serve asks only when it has one
+    async def _admit(self, budget: TokenBudget, req: RequestHead, body: bytes, flight: _Flight) -> int:
+        """Wait until the generation's tokens fit the shared KV cache (``budget``) beside those in flight
+        (gate_budget.py); returns the tokens reserved."""
         try:
             data = decode_body(body)
         except BudgetError as exc:
@@ -367,7 +366,7 @@ class Gate:
                 while remaining:
                     data = await reader.read(min(RELAY_READ_SIZE, remaining))
                     if not data:
-                        raise ConnectionResetError("client closed the connection in the request body")
+                        raise ConnectionResetError(BODY_CLOSED)
                     remaining -= len(data)
                     await self._send_up(up_writer, data)
             elif kind == "chunked":
@@ -375,7 +374,7 @@ class Gate:
                 while not decoder.done:
                     data = await reader.read(RELAY_READ_SIZE)
                     if not data:
-                        raise ConnectionResetError("client closed the connection in the request body")
+                        raise ConnectionResetError(BODY_CLOSED)
                     await self._send_up(up_writer, b"".join(encode_chunk(piece) for piece in decoder.feed(data)))
                 await self._send_up(up_writer, LAST_CHUNK)
             while await reader.read(RELAY_READ_SIZE):

@@ -15,8 +15,8 @@ description:
     (O(state=present)). The stamp holds the digest of the deploy's inputs (lookup C(llamafleet.cluster.deploy_inputs)),
     the host facts the roles plan from (system, CPUs, addresses, default routes, devices and their total memory), one
     fingerprint per file, link and folder where the roles write (C(/etc/llamafleet), HAProxy's files, llamafleet's
-    units and drop-ins, C(/usr/local/libexec/llamafleet), the firewall managers' rules, and the folders the deployment
-    record names), and the state of llamafleet's units.
+    units and drop-ins, C(/usr/local/libexec/llamafleet), its C(/etc/sysctl.d) file, the firewall managers' rules, and
+    the folders the deployment record names), and the state of llamafleet's units.
   - The next deploy starts with O(state=check). The host is in sync when the inputs, the facts, every fingerprint and
     every unit's state are as stamped, and the clients' endpoint on the orchestrator answers C(/health) with 200.
     Otherwise RV(differences) says why, naming the path or unit. The deploy skips its roles only when every host is
@@ -111,6 +111,9 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_probe impor
 from ansible_collections.llamafleet.cluster.plugins.module_utils.systemd_show import parse_show_units, show_argv
 
 
+PING_GROUP_RANGE = "/proc/sys/net/ipv4/ping_group_range"
+
+
 def read_json(path):
     try:
         with open(path, encoding="utf-8") as handle:
@@ -171,7 +174,7 @@ def current_facts(module):
         routes = [run([ip, "-j", family, "route", "show", "default"])[1] for family in ("-4", "-6")]
     devices = collect_devices(run, module.get_bin_path, read_text_file)["devices"]
     return host_facts(read_text_file("/etc/os-release") or "", platform.machine(), len(os.sched_getaffinity(0)),
-                      addresses, routes, devices)
+                      addresses, routes, devices, read_text_file(PING_GROUP_RANGE) or "")
 
 
 def main():

@@ -29,14 +29,15 @@ OS_RELEASE = 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_I
 def facts(**change: Any) -> dict[str, Any]:
     devices = change.pop("devices", [{"backend": "cpu", "name": "CPU", "total_mib": 4096, "free_mib": 3000}])
     values = dict(os_release=OS_RELEASE, machine="x86_64", cpus=2, addresses=IP_ADDR, routes=[ROUTES, "[]"],
-                  devices=devices)
+                  devices=devices, ping_group_range="0\t2147483647\n")
     values.update(change)
     return ds.host_facts(**values)
 
 
 def test_host_facts_keep_what_the_roles_plan_from() -> None:
     found = facts()
-    assert found == {"os": {"ID": "debian", "VERSION_ID": "12", "VERSION_CODENAME": "bookworm"}, "machine": "x86_64",
+    assert found == {"ping_group_range": "0 2147483647",
+                     "os": {"ID": "debian", "VERSION_ID": "12", "VERSION_CODENAME": "bookworm"}, "machine": "x86_64",
                      "cpus": 2, "addresses": [["host0", "10.77.0.12", 24]], "routes": [["host0", "10.77.0.1"]],
                      "devices": [["cpu", "CPU", 4096]]}
 
@@ -139,6 +140,7 @@ def test_differences_none_when_everything_is_as_stamped(tmp_path: Path) -> None:
 @pytest.mark.parametrize("change, expected", [
     (dict(inputs="inputs-2"), ds.INPUTS_CHANGED),
     (dict(facts=facts(cpus=4)), "cpus changed (4, was 2)"),
+    (dict(facts=facts(ping_group_range="1\t0")), 'ping_group_range changed ("1 0", was "0 2147483647")'),
     (dict(files={}), "unit is gone since the last deploy"),
     (dict(units={"llamafleet-gate.service": {"UnitFileState": "enabled", "ActiveState": "failed"}}),
      "llamafleet-gate.service: ActiveState failed, UnitFileState enabled, was ActiveState active, UnitFileState enabled"),

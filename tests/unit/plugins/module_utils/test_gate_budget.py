@@ -384,3 +384,20 @@ def test_a_chunked_generation_goes_upstream_with_its_length() -> None:
         assert b"Content-Length: %d" % len(body) in server.heads[-1] and b"chunked" not in server.heads[-1]
 
     _run(scenario, KvServer(100, hold=0.05), kv_budget=100)
+
+
+def test_a_generation_that_expects_100_continue_gets_it_once_before_its_body_is_counted() -> None:
+    async def scenario(gate: Gate, server: KvServer) -> None:
+        body = json.dumps(COMPLETION).encode()
+        reader, writer = await asyncio.open_connection("127.0.0.1", gate.port)
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: gate\r\nExpect: 100-continue\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body))
+        await writer.drain()
+        assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(body)
+        rest = await reader.read()
+        writer.close()
+        assert rest.startswith(b"HTTP/1.1 200 ") and b"100 Continue" not in rest, rest[:200]
+        assert server.paths.count("/tokenize") == 1 and b"Expect" not in server.heads[-1]
+
+    _run(scenario, KvServer(100, hold=0.05), kv_budget=100)
