@@ -295,8 +295,16 @@ def sync_report(hosts: Iterable[str], results: Iterable[Mapping[str, Any]]) -> s
     parts = []
     if any(INPUTS_CHANGED in items for items in found.values()):
         parts.append(INPUTS_CHANGED[0].upper() + INPUTS_CHANGED[1:])
-    parts += ["%s: %s" % (host, ", ".join(item for item in items if item != INPUTS_CHANGED))
-              for host, items in found.items() if any(item != INPUTS_CHANGED for item in items)]
+    first = next(iter(found.values()))
+    # what every host says (no stamp yet, on a fleet's first deploy) is said once
+    common = [item for item in first if item != INPUTS_CHANGED and len(found) > 1
+              and all(item in items for items in found.values())]
+    if common:
+        parts.append(("every host: " if parts else "Every host: ") + ", ".join(common))
+    for host, items in found.items():
+        own = [item for item in items if item != INPUTS_CHANGED and item not in common]
+        if own:
+            parts.append("%s: %s" % (host, ", ".join(own)))
     return "Converging every host. " + "; ".join(parts) + "."
 
 

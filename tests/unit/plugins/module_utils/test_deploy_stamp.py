@@ -212,6 +212,11 @@ def test_sync_report_says_nothing_to_do_or_why_every_host_converges() -> None:
                       "the collection's files, Ansible's version or a controller file they name); "
                       "lab2: /etc/x changed since the last deploy.")
     assert ds.sync_report(["lab1"], [{"skipped": True}]) == "Converging every host. lab1: not checked."
+    none_yet = {"in_sync": False, "differences": ["no stamp of a whole deploy"]}
+    assert ds.sync_report(hosts, [none_yet, none_yet, dict(none_yet, differences=[
+        "no stamp of a whole deploy", "llamafleet-gate.service: not there, was ActiveState active"])]) == (
+        "Converging every host. Every host: no stamp of a whole deploy; "
+        "lab3: llamafleet-gate.service: not there, was ActiveState active.")
 
 
 def run(args: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
