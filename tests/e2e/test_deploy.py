@@ -31,8 +31,8 @@ from llamafleet.lab.core import DEFAULT_MEMORY_MIB
 from tests.e2e.bad_models import make_bad_models
 from tests.e2e.conftest import main_pids, nothing_changes
 from tests.e2e.quiet import after_batch, once, quiet
-from tests.helpers import (FIT_CHECK_TASK, INVENTORY, MODEL_PLAY, REPO, PlaybookRun, inventory_variant, listeners,
-                           playbook)
+from tests.helpers import (EVERY_TASK, FIT_CHECK_TASK, INVENTORY, MODEL_PLAY, REPO, PlaybookRun, inventory_variant,
+                           listeners, playbook)
 
 def test_first_deploy_serves(deployed, fleet):
     assert deployed.failed == 0
@@ -137,12 +137,12 @@ def test_api_needs_the_generated_key_except_health(deployed, fleet):
 # takes the stamps' way)
 @quiet("second-deploy")
 def _second_deploy(work: Path) -> PlaybookRun:
-    return playbook("deploy.yml", "-e", "llamafleet_skip_when_in_sync=false")
+    return playbook("deploy.yml", *EVERY_TASK)
 
 
 @quiet("check-diff")
 def _check_diff(work: Path) -> PlaybookRun:
-    return playbook("deploy.yml", "--check", "--diff")
+    return playbook("deploy.yml", "--check", "--diff", *EVERY_TASK)
 
 
 def test_second_run_changes_nothing_and_restarts_nothing(quiet_runs):

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from tests.e2e.quiet import quiet
-from tests.helpers import INVENTORY, REPO, env, parse_recap
+from tests.helpers import EVERY_TASK, INVENTORY, REPO, env, parse_recap
 
 BIN = Path(sys.executable).parent
 LAB_CACHE = Path(os.environ.get("LLAMAFLEET_CACHE", "/var/cache/llamafleet"))
@@ -82,7 +82,9 @@ def _tarball_route(tmp_path: Path) -> None:
     # the bench playbook (and the plays it imports) came from the installed collection
     assert f"playbook: {installed}/playbooks/bench.yml" in listed.stdout, listed.stdout[:3000]
     assert "llamafleet.cluster.bench : " in listed.stdout, listed.stdout[-3000:]
-    deploy = run([str(BIN / "ansible-playbook"), "-i", str(INVENTORY), "llamafleet.cluster.deploy"], user, **paths)
+    # every task, so the installed roles run whatever the stamps say (EVERY_TASK)
+    deploy = run([str(BIN / "ansible-playbook"), "-i", str(INVENTORY), "llamafleet.cluster.deploy", *EVERY_TASK], user,
+                 **paths)
     assert_nothing_changed(deploy)
     # the modules ran from the installed collection, not from this checkout
     where = run([str(BIN / "ansible-doc"), "-t", "module", "llamafleet.cluster.rpc_plan"], user, **paths)
@@ -97,7 +99,7 @@ def _clone_route(tmp_path: Path) -> None:
     run(["git", "clone", "--quiet", str(REPO), str(checkout)], tmp_path)
     assert not (checkout / ".build").exists()
     started = time.monotonic()
-    deploy = run([str(BIN / "ansible-playbook"), "playbooks/deploy.yml", "-i", str(INVENTORY)], checkout)
+    deploy = run([str(BIN / "ansible-playbook"), "playbooks/deploy.yml", "-i", str(INVENTORY), *EVERY_TASK], checkout)
     assert_nothing_changed(deploy)
     print(f"fresh clone route: idempotent deploy in {time.monotonic() - started:.0f} s")
     return deploy

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from llamafleet.cluster import Endpoint
 from tests.e2e.quiet import quiet
-from tests.helpers import INVENTORY, REPO, ansible_venv, env, lowest_ansible, parse_recap
+from tests.helpers import EVERY_TASK, INVENTORY, REPO, ansible_venv, env, lowest_ansible, parse_recap
 
 LOWEST = lowest_ansible((REPO / "meta" / "runtime.yml").read_text())
 
@@ -25,7 +25,7 @@ def _deploy_on_the_lowest(work: Path) -> tuple[str, subprocess.CompletedProcess]
     version = subprocess.run([str(bin_dir / "ansible-playbook"), "--version"], capture_output=True, text=True,
                              check=True).stdout
     return version, subprocess.run(
-        [str(bin_dir / "ansible-playbook"), "-i", str(INVENTORY), str(REPO / "playbooks" / "deploy.yml")],
+        [str(bin_dir / "ansible-playbook"), "-i", str(INVENTORY), str(REPO / "playbooks" / "deploy.yml"), *EVERY_TASK],
         cwd=REPO, env=env(), capture_output=True, text=True, timeout=1800, check=False)
 
 

@@ -28,7 +28,7 @@ from llamafleet.core import constants
 from llamafleet.core.rpc_workers import rpc_server_instances
 from llamafleet.lab.image import LAVAPIPE_ICD, SECOND_LAVAPIPE_ICD
 from llamafleet.lab.paths import LabPaths
-from tests.helpers import cli, listeners, playbook
+from tests.helpers import EVERY_TASK, cli, listeners, playbook
 
 VULKAN_HOST = "lab3"
 # The mixed lab's hosts run without the lab's default memory limit (4,096 MiB each): the Vulkan build compiles
@@ -136,7 +136,7 @@ def test_the_mixed_cluster_serves(mixed_fleet):
 
 
 def test_a_second_deploy_changes_nothing(mixed):
-    run = playbook("deploy.yml", timeout=1800)
+    run = playbook("deploy.yml", *EVERY_TASK, timeout=1800)
     assert run.rc == 0 and run.changed == 0, run.output[-6000:]
 
 
