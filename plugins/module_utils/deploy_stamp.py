@@ -28,6 +28,7 @@ import os
 import stat
 from typing import Any, Callable, Iterable, Mapping
 
+from .checksum import sha256_hex
 from .constants import CONFIG_DIR, EDGE_CONFIG_DIR, LIBEXEC_DIR, SYSTEMD_DIR, UNIT_PREFIX
 
 STAMP_SCHEMA = 1
@@ -79,15 +80,6 @@ def digest(value: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def file_digest(path: str, chunk: int = 1 << 16) -> str:
-    """The sha256 of a file's content."""
-    sha = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(chunk), b""):
-            sha.update(block)
-    return sha.hexdigest()
-
-
 def fingerprint(path: str, hash_limit: int = HASH_LIMIT) -> str | None:
     """One path's fingerprint (its kind, mode, owner and content or size/mtime/inode); None when it is gone."""
     try:
@@ -102,7 +94,7 @@ def fingerprint(path: str, hash_limit: int = HASH_LIMIT) -> str | None:
     if stat.S_ISREG(st.st_mode):
         if st.st_size <= hash_limit:
             try:
-                return "file:%s:%s" % (head, file_digest(path))
+                return "file:%s:%s" % (head, sha256_hex(path))
             except OSError as exc:
                 return "file:%s:unreadable %s" % (head, exc.strerror)
         return "file:%s:%d:%d:%d" % (head, st.st_size, st.st_mtime_ns, st.st_ino)
@@ -326,7 +318,7 @@ def controller_file_fingerprint(path: str, hash_limit: int = 64 << 20) -> str | 
     if st.st_size > hash_limit:
         return "%d:%d" % (st.st_size, st.st_mtime_ns)
     try:
-        return file_digest(path)
+        return sha256_hex(path)
     except OSError:
         return None
 
@@ -387,12 +379,12 @@ def collection_files(root: str) -> dict[str, str]:
     for part in COLLECTION_PARTS:
         top = os.path.join(root, part)
         if os.path.isfile(top):
-            found[part] = file_digest(top)
+            found[part] = sha256_hex(top)
             continue
         for folder, dirs, files in os.walk(top):
             dirs[:] = sorted(name for name in dirs if name != "__pycache__")
             for name in sorted(files):
                 if not name.endswith((".pyc", ".pyo")):
                     path = os.path.join(folder, name)
-                    found[os.path.relpath(path, root)] = file_digest(path)
+                    found[os.path.relpath(path, root)] = sha256_hex(path)
     return found

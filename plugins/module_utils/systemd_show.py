@@ -12,7 +12,7 @@ relatively by the gate.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 
 def show_argv(units: str | Iterable[str], properties: Iterable[str], value: bool = False) -> list[str]:
@@ -32,6 +32,19 @@ def parse_show(text: str) -> dict[str, str]:
     """One unit's ``KEY=VALUE`` lines -> ``{KEY: VALUE}`` (values as printed; a line without ``=``,
     which systemctl does not print, is left out)."""
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def show_units(run: Callable[[list[str]], tuple[int, str, str]], units: list[str],
+               properties: Iterable[str]) -> list[dict[str, str]]:
+    """``systemctl show`` of several units through ``run(argv) -> (rc, stdout, stderr)``: one ``{KEY: VALUE}`` per
+    unit, in the order asked; ValueError naming the units when systemctl fails or prints something else."""
+    rc, out, err = run(show_argv(units, properties))
+    if rc != 0:
+        raise ValueError("systemctl show %s failed: %s" % (" ".join(units), (err or out).strip()))
+    try:
+        return parse_show_units(out)
+    except ValueError as exc:
+        raise ValueError("systemctl show %s: %s" % (" ".join(units), exc)) from None
 
 
 def parse_show_units(text: str) -> list[dict[str, str]]:

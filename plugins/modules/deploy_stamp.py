@@ -108,7 +108,7 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.deploy_stamp im
 )
 from ansible_collections.llamafleet.cluster.plugins.module_utils.deployment_record import RecordError, parse
 from ansible_collections.llamafleet.cluster.plugins.module_utils.gpu_probe import collect_devices, read_text_file
-from ansible_collections.llamafleet.cluster.plugins.module_utils.systemd_show import parse_show_units, show_argv
+from ansible_collections.llamafleet.cluster.plugins.module_utils.systemd_show import show_units
 
 
 PING_GROUP_RANGE = "/proc/sys/net/ipv4/ping_group_range"
@@ -154,13 +154,10 @@ def health_problems(urls, timeout):
 def current_units(module, names):
     if not names:
         return {}
-    rc, out, err = module.run_command(show_argv(names, UNIT_PROPERTIES))
-    if rc != 0:
-        module.fail_json(msg="systemctl show %s failed: %s" % (" ".join(names), (err or out).strip()))
     try:
-        return unit_states(parse_show_units(out))
+        return unit_states(show_units(module.run_command, names, UNIT_PROPERTIES))
     except ValueError as exc:
-        module.fail_json(msg="systemctl show %s: %s" % (" ".join(names), exc))
+        module.fail_json(msg=str(exc))
 
 
 def current_facts(module):

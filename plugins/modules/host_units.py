@@ -77,8 +77,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llamafleet.cluster.plugins.module_utils.systemd_show import (
     journal_tail_argv,
-    parse_show_units,
-    show_argv,
+    show_units,
     units_to_enable_and_start,
 )
 
@@ -100,11 +99,11 @@ def main():
         module.exit_json(changed=False, enabled=[], started=[], active_states={})
     if module.params["daemon_reload"] and not module.check_mode:
         module.run_command(["systemctl", "daemon-reload"], check_rc=True)
-    rc, out, err = module.run_command(show_argv(units, PROPERTIES))
-    if rc != 0:
-        module.fail_json(msg="systemctl show %s failed: %s" % (" ".join(units), (err or out).strip()))
     try:
-        shown = parse_show_units(out)
+        shown = show_units(module.run_command, units, PROPERTIES)
+    except ValueError as exc:
+        module.fail_json(msg=str(exc))
+    try:
         to_enable, to_start, problems = units_to_enable_and_start(units, shown)
     except ValueError as exc:
         module.fail_json(msg="systemctl show %s: %s" % (" ".join(units), exc))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llamafleet.core.systemd_show import parse_show, parse_show_units, show_argv, units_to_enable_and_start
+from llamafleet.core.systemd_show import parse_show, parse_show_units, show_argv, show_units, units_to_enable_and_start
 
 FIXTURES = Path(__file__).resolve().parents[2] / "llamafleet" / "fixtures"
 
@@ -73,3 +73,19 @@ def test_what_to_enable_and_start_needs_a_block_per_unit() -> None:
     shown = parse_show_units(STATES.read_text(encoding="utf-8"))
     with pytest.raises(ValueError, match="asked about 2 units, systemctl described 9"):
         units_to_enable_and_start(["a.service", "b.service"], shown)
+
+
+def test_show_units_reads_each_block_and_names_the_units_when_systemctl_fails() -> None:
+    asked = []
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        asked.append(argv)
+        return 0, "Id=a.service\nActiveState=active\n\nId=b.service\nActiveState=failed\n", ""
+
+    assert show_units(run, ["a.service", "b.service"], ["Id", "ActiveState"]) == [
+        {"Id": "a.service", "ActiveState": "active"}, {"Id": "b.service", "ActiveState": "failed"}]
+    assert asked == [show_argv(["a.service", "b.service"], ["Id", "ActiveState"])]
+    with pytest.raises(ValueError, match="^systemctl show a.service failed: Failed to connect to bus$"):
+        show_units(lambda argv: (1, "", "Failed to connect to bus\n"), ["a.service"], ["Id"])
+    with pytest.raises(ValueError, match="^systemctl show a.service: not a property line"):
+        show_units(lambda argv: (0, "oops\n", ""), ["a.service"], ["Id"])
