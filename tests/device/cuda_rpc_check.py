@@ -13,11 +13,11 @@ llama-bench: local on CUDA0, then through rpc-server (and the byte-counting rela
 cache rpc-server wrote, and with a cache that ``rpc_cache.seed_cache`` wrote from the GGUF alone. Only the standard
 library, the project's own modules and what the machine has (numpy, and the gguf wheel carried for the model).
 
-``serve`` plans the split over that rpc-server's devices as llama_server's rpc_plan does (``split_plan.plan_split``
-on gpu_facts' devices and the model's GGUF facts), starts llama-server with the argv the role renders (``-lv 5``),
-asks for a completion, and writes ``OUT/serve.json``: the plan, llama.cpp's load log against it
-(``log_parse.compare_with_plan``) and its model, KV and compute buffers per device against the plan's figures
-(``log_parse.buffers_against_plan``).
+``serve`` plans the split as llama_server's rpc_plan does (``split_plan.plan_split`` on gpu_facts' devices and the
+model's GGUF facts) for two shapes (SERVE_SHAPES: an orchestrator without a GPU, and one whose own CUDA0 sits beside
+the worker's RPC0), starts llama-server with the argv the role renders (``-lv 5``), asks for a completion, and writes
+``OUT/serve.json``: each shape's plan, llama.cpp's load log against it (``log_parse.compare_with_plan``) and its
+model, KV and compute buffers per device against the plan's figures (``log_parse.buffers_against_plan``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 from llamafleet.core.gguf_facts import model_facts
 from llamafleet.core.gpu_probe import collect_devices, read_text_file
 from llamafleet.core.llama_flags import (render_llama_server_argv, render_rpc_server_argv, rpc_server_features,
-                                        server_features)
+                                         server_features)
 from llamafleet.core.log_parse import buffers_against_plan, compare_with_plan, parse_load_log
 from llamafleet.core.split_plan import plan_split
 from llamafleet.core.llamacpp_build import cmake_args
@@ -185,29 +185,63 @@ def make_model(work: Path) -> tuple[str, dict[str, Any]]:
                         "seconds": round(time.monotonic() - started, 1), "err": err[-500:]}
 
 
+# The two shapes serve plans and runs: the orchestrator without a GPU of its own (CUDA hidden from llama-server, the
+# GPU worker's rpc-server holds every layer), and the orchestrator with its own CUDA0 beside the worker's RPC0 (the
+# same GPU here), where the plan's -ts order must be llama.cpp's device order.
+SERVE_SHAPES = ("cpu_orchestrator", "gpu_orchestrator")
+
+
 def main_serve(bin_dir: Path, out: Path, work: Path) -> int:
     found, rpc_argv, dummy = probe(bin_dir)
     model, written = make_model(work)
     if written["rc"]:
         (out / "serve.json").write_text(json.dumps({"model": written}, indent=1))
         return 1
+    report: dict[str, Any] = {"devices": found["devices"], "rpc_devices": found["rpc_devices"],
+                              "rpc_server_argv": rpc_argv, "shapes": {}}
+    failed = 0
+    for shape in SERVE_SHAPES:
+        try:
+            result = serve_shape(shape, bin_dir, found, rpc_argv, model, out, work)
+        except Exception as exc:  # one shape's failure must not hide the other's result
+            result = {"error": "%s: %s" % (type(exc).__name__, exc)}
+        report["shapes"][shape] = result
+        print(shape, json.dumps({k: result.get(k) for k in ("error", "llama_server_argv", "health_s", "completion",
+                                                            "compare_with_plan", "buffers", "buffer_problems")},
+                                default=str), flush=True)
+        if result.get("error") or result.get("completion", {}).get("rc") != 0 or result.get("compare_with_plan"):
+            failed += 1
+        (out / "serve.json").write_text(json.dumps(report, indent=1, default=str))
+    return 1 if failed else 0
+
+
+def serve_shape(shape: str, bin_dir: Path, found: dict[str, Any], rpc_argv: list[str], model: str, out: Path,
+                work: Path) -> dict[str, Any]:
+    """Plans the split as llama_server's rpc_plan does (``split_plan.plan_split`` on gpu_facts' devices and the
+    model's GGUF facts), starts rpc-server and llama-server with the argv the roles render (``-lv 5``), asks for a
+    completion, and compares llama.cpp's load log and buffers with the plan."""
     server_bin = str(bin_dir / "llama-server")
     rc, h_out, h_err = run([server_bin, "--help"])
     worker = {"host": "gpu", "address": "127.0.0.1", "port": RPC_PORT, "devices": found["rpc_devices"]}
-    plan = plan_split([worker], None, model_facts(model), ctx_size=4096, n_parallel=4, kv_unified=True)
+    env = dict(os.environ)
+    if shape == "gpu_orchestrator":
+        orchestrator = {"host": "orchestrator", "devices": found["devices"]}
+    else:
+        orchestrator = None
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    plan = plan_split([worker], orchestrator, model_facts(model), ctx_size=4096, n_parallel=4, kv_unified=True)
     argv = render_llama_server_argv(server_bin, plan, server_features(h_out + h_err), model, host="127.0.0.1",
                                     port=SERVER_PORT, log_verbosity=5)
-    report: dict[str, Any] = {"rpc_devices": found["rpc_devices"], "rpc_server_argv": rpc_argv,
-                              "llama_server_argv": argv, "plan": plan}
-    print("llama-server", " ".join(argv), flush=True)
-    server_log = work / "llama-server.log"
-    env = dict(os.environ, LLAMA_CACHE=str(work / "cache-serve"))
-    with (work / "rpc-server-serve.log").open("w") as rlog, server_log.open("w") as slog:
-        rpc = subprocess.Popen(rpc_argv, env=env, stdout=rlog, stderr=subprocess.STDOUT)
+    report: dict[str, Any] = {"llama_server_argv": argv, "plan": plan}
+    print(shape, "llama-server", " ".join(argv), flush=True)
+    server_log = work / ("llama-server-%s.log" % shape)
+    rpc_env = dict(os.environ, LLAMA_CACHE=str(work / ("cache-%s" % shape)))
+    with (work / ("rpc-server-%s.log" % shape)).open("w") as rlog, server_log.open("w") as slog:
+        rpc = subprocess.Popen(rpc_argv, env=rpc_env, stdout=rlog, stderr=subprocess.STDOUT)
         server = None
         try:
             wait_port(RPC_PORT)
-            server = subprocess.Popen(argv, stdout=slog, stderr=subprocess.STDOUT)
+            server = subprocess.Popen(argv, env=env, stdout=slog, stderr=subprocess.STDOUT)
             report["health_s"] = wait_health(SERVER_PORT, 180)
             started = time.monotonic()
             body = json.dumps({"prompt": "The quick brown fox", "n_predict": 32, "ignore_eos": True}).encode()
@@ -220,15 +254,11 @@ def main_serve(bin_dir: Path, out: Path, work: Path) -> int:
             if server is not None:
                 stop(server)
             stop(rpc)
+            shutil.copy(server_log, out / server_log.name)
     parsed = parse_load_log(server_log.read_text(errors="replace"))
     report["compare_with_plan"] = compare_with_plan(plan, parsed)
-    rows, problems = buffers_against_plan(plan, parsed)
-    report["buffers"], report["buffer_problems"] = rows, problems
-    shutil.copy(server_log, out / "llama-server.log")
-    (out / "serve.json").write_text(json.dumps(report, indent=1, default=str))
-    print(json.dumps({k: report.get(k) for k in ("health_s", "completion", "compare_with_plan", "buffers",
-                                                 "buffer_problems")}, default=str), flush=True)
-    return 0 if report.get("completion", {}).get("rc") == 0 and not report["compare_with_plan"] else 1
+    report["buffers"], report["buffer_problems"] = buffers_against_plan(plan, parsed)
+    return report
 
 
 def wait_health(port: int, timeout: float) -> float:

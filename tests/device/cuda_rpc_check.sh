@@ -8,7 +8,8 @@
 # rpc_server role renders, and loads a synthetic model through it. It writes to OUT: nvidia-smi.txt,
 # nvidia-smi_query_nounits.txt (gpu_probe's query), ggml-rpc-server_help.txt, rpc-server_listing.txt (its device
 # listing, as gpu_probe reads it), report.json, llama-bench.txt, rpc-server.log and build.log (phase run); serve.json
-# and llama-server.log (phase serve: the planned split served by llama-server through that rpc-server).
+# and llama-server-SHAPE.log (phase serve: the planned split served by llama-server through that rpc-server, for
+# an orchestrator without a GPU and one with its own).
 # Needs, carried (.devcheck, ignored by git: see the README's "A lent GPU"): llama.cpp-src.tar.xz, the lab's
 # llama.cpp source without its models and docs, and the gguf wheel (the synthetic model's writer).
 set -u

@@ -6,10 +6,13 @@
 # call: carry [".devcheck"].
 set -eu
 cache=${LLAMAFLEET_CACHE:-/var/cache/llamafleet}
-sdist=$(ls "$cache"/src/llama_cpp_python-*.tar.gz | head -n 1)
+# the lab's pinned source (llamafleet/lab/artifacts.py), not whichever other version the cache also holds
+version=$(python3 -c 'from llamafleet.lab.artifacts import LLAMA_CPP_PYTHON_VERSION as v; print(v)')
+sdist="$cache/src/llama_cpp_python-$version.tar.gz"
+[ -f "$sdist" ] || { echo "no $sdist: run make demo or make test once to fill the cache" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-mkdir -p .devcheck
+rm -rf .devcheck && mkdir -p .devcheck
 tar -xzf "$sdist" -C "$tmp"
 vendor=$(ls -d "$tmp"/*/vendor)
 (cd "$vendor" && tar -cJf "$OLDPWD/.devcheck/llama.cpp-src.tar.xz" llama.cpp/CMakeLists.txt llama.cpp/app \

@@ -38,6 +38,10 @@ def brief(devices: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     ("nvidia-smi_query_nounits_h100_real.txt", [
         ("cuda", 0, "NVIDIA H100 80GB HBM3", 81559, 81079, False),
     ]),
+    # and on a real H200 (driver 580.159.04)
+    ("nvidia-smi_query_nounits_h200_real.txt", [
+        ("cuda", 0, "NVIDIA H200", 143771, 143156, False),
+    ]),
     ("nvidia-smi_query_nounits_2gpu_reconstructed.txt", [
         ("cuda", 0, "NVIDIA GeForce RTX 4090", 24564, 24108, False),
         ("cuda", 1, "NVIDIA GeForce RTX 3060", 12288, 11874, False),
@@ -252,6 +256,9 @@ def test_meminfo_rejects_other_text() -> None:
     # the CUDA build of 0c1e570 on a real H100: llama.cpp counts 480 MiB less than nvidia-smi's total
     ("rpc-server_v7.0.0_cuda_h100_real.txt",
      [("CUDA0", "cuda", "NVIDIA H100 80GB HBM3", 81079, 80552), ("CPU", "cpu", "Intel(R) Xeon(R) Processor", 128887, 128887)]),
+    # and on a real H200: 616 MiB less than nvidia-smi's total
+    ("rpc-server_v7.0.0_cuda_h200_real.txt",
+     [("CUDA0", "cuda", "NVIDIA H200", 143155, 142629), ("CPU", "cpu", "Intel(R) Xeon(R) Processor", 128887, 128887)]),
     ("rpc-server_v7.0.0_cuda_two_gpus_reconstructed.txt",
      [("CUDA0", "cuda", "NVIDIA GeForce RTX 4090", 24080, 23604),
       ("CUDA1", "cuda", "NVIDIA GeForce RTX 3060", 11913, 11765)]),

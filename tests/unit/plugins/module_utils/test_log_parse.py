@@ -220,3 +220,35 @@ def test_buffers_of_the_big_model_as_the_lab_deploys_it() -> None:
     assert [(row["device"], row["model_mib"], row["kv_mib"], row["compute_mib"]) for row in rows] == [
         ("RPC0", 820.38, 34.0, 80.84), ("RPC1", 1.74, 0.0, 0.07), ("CPU", 5744.35, 238.0, 88.84)]
     assert [row["planned_compute_mib"] for row in rows] == [512.0, 512.0, 512.0]
+
+
+# A real CUDA load (tests/device/cuda_rpc_check.sh serve, shape gpu_orchestrator, on an H200): the orchestrator's
+# own CUDA0 beside a worker's CUDA rpc-server on the same GPU, with the devices gpu_facts recorded there.
+H200 = json.loads((FIXTURES.parent / "gpu" / "cuda_h200_gpu_facts_real.json").read_text())
+SYNTH2L = json.loads((FIXTURES / "synth2l-q8_0_model_facts.json").read_text())
+CUDA_LOG = parse_load_log(
+    (FIXTURES / "llama-server_0c1e570_lv5_synth2l-q8_0_cuda-h200_rpc0-cuda0_ts1-2_real.log").read_text())
+
+
+def _h200_plan(**kw: object) -> dict:
+    worker = {"host": "gpu", "address": "127.0.0.1", "port": 50052, "devices": H200["rpc_devices"]}
+    return plan_split([worker], {"host": "orchestrator", "devices": H200["devices"]}, SYNTH2L, ctx_size=4096,
+                      n_parallel=4, kv_unified=True, **kw)
+
+
+def test_a_real_cuda_load_puts_the_rpc_device_first_as_planned() -> None:
+    """llama.cpp's CUDA build orders the worker's RPC0 before the local CUDA0, as the plan's -ts does: every layer
+    and buffer where planned."""
+    plan = _h200_plan()
+    assert (plan["device_names"], plan["tensor_split"], plan["ngl"]) == (["RPC0", "CUDA0"], [1, 2], 3)
+    assert compare_with_plan(plan, CUDA_LOG) == []
+    rows, problems = buffers_against_plan(plan, CUDA_LOG)
+    assert problems == []
+    assert [(row["device"], row["model_mib"], row["kv_mib"]) for row in rows] == [
+        ("RPC0", 52.08, 32.0), ("CUDA0", 52.95, 32.0), ("CPU", 0.86, 0.0)]
+
+
+def test_a_real_cuda_load_against_the_reversed_split_is_named() -> None:
+    """The same log against a plan that gives the worker two layers (-ts 2,1): the comparison says so."""
+    plan = _h200_plan(tensor_split=[2, 1])
+    assert compare_with_plan(plan, CUDA_LOG) == ["units per device: plan [2, 1], llama.cpp [1, 2]"]
