@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filters of playbooks/teardown.yml (thin wrappers over module_utils/teardown.py).
 
-- ``teardown_units``: ``ansible.builtin.find``'s files in the systemd folder -> the llamafleet units, in stop order.
+- ``teardown_units``: ``ansible.builtin.find``'s files in the systemd folder -> the llamafleet units (or those of one
+  prefix, such as a worker's), in stop order.
 - ``teardown_ping_group_range``: the gate's sysctl file and the kernel's range -> the range to set back, or ``""``.
 - ``teardown_parents``: removed paths -> their parent folders named after llamafleet, deepest first.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.llamafleet.cluster.plugins.module_utils.constants import UNIT_PREFIX
 from ansible_collections.llamafleet.cluster.plugins.module_utils.teardown import (
     namespace_parents,
     ping_group_range_restore,
@@ -19,11 +21,13 @@ from ansible_collections.llamafleet.cluster.plugins.module_utils.teardown import
 )
 
 
-def llamafleet_teardown_units(found):
-    """The llamafleet unit names among ``found`` (paths or find's file entries), triggers first."""
+def llamafleet_teardown_units(found, prefix=UNIT_PREFIX):
+    """The unit names starting with ``prefix`` among ``found`` (paths or find's file entries), triggers first."""
     if isinstance(found, (str, bytes)) or not hasattr(found, "__iter__"):
         raise AnsibleFilterError("teardown_units: expected a list of paths or of find's files, got %r" % (found,))
-    return teardown_units(found)
+    if not isinstance(prefix, str) or not prefix.startswith(UNIT_PREFIX):
+        raise AnsibleFilterError("teardown_units: the prefix must start with %r, got %r" % (UNIT_PREFIX, prefix))
+    return teardown_units(found, prefix=prefix)
 
 
 def llamafleet_teardown_ping_group_range(setting, current):

@@ -35,6 +35,8 @@ MACOS_UNSUPPORTED = ("macOS hosts are not supported as workers or orchestrator i
 UNIT_PREFIX = "llamafleet-"
 LLAMA_SERVER_UNIT = "llamafleet-llama-server.service"
 RPC_SERVER_UNIT = "llamafleet-rpc-server.service"
+# Every unit of a worker (rpc-server, one per device, its guard, firewall and metrics timer) starts with this.
+RPC_UNIT_PREFIX = "llamafleet-rpc-"
 # One rpc-server per device: the device's ggml name, lower-cased, goes in the middle.
 RPC_SERVER_DEVICE_UNIT = "llamafleet-rpc-server-%s.service"
 RPC_FIREWALL_UNIT = "llamafleet-rpc-firewall.service"

@@ -67,8 +67,11 @@ def fleet_changes(last: Any, hosts: Iterable[str], hostvars: Mapping[str, Mappin
                   ) -> dict[str, Any]:
     """What changed since the last deploy's ``last`` record, and the record of this one.
 
-    :param hosts: the hosts this deploy ran on (the fleet group).
-    :returns: ``{path, record, added, removed: [{name, connection, roles}], report: [lines]}``.
+    :param hosts: the hosts of the fleet group in the inventory, those a ``--limit`` leaves out of this run
+        included (they are still in the fleet).
+    :returns: ``{path, record, added, removed: [{name, connection, roles}], left_roles: [{name, roles, stays}],
+        report: [lines]}``. ``left_roles``: the hosts that stay in the fleet without a role they had (``roles``,
+        ``stays``: the roles they keep).
     """
     previous = check_record(last, path).get("hosts", {})
     current = {}
@@ -79,21 +82,53 @@ def fleet_changes(last: Any, hosts: Iterable[str], hostvars: Mapping[str, Mappin
     removed = [{"name": name, "roles": entry.get("roles", []), "connection": dict(entry.get("connection") or {})}
                for name, entry in sorted(previous.items()) if name not in current]
     added = sorted(name for name in current if name not in previous) if previous else []
+    left_roles = []
+    for name, entry in sorted(previous.items()):
+        if name in current:
+            gone = [role for role in entry.get("roles") or [] if role not in current[name]["roles"]]
+            if gone:
+                left_roles.append({"name": name, "roles": gone, "stays": list(current[name]["roles"])})
     report = ["%s joined the fleet as %s" % (name, " and ".join(current[name]["roles"])) for name in added]
     report += ["%s left the fleet (it was %s): its llamafleet units are stopped and removed; users, caches and "
                "builds stay (playbooks/teardown.yml takes them)" % (r["name"], " and ".join(r["roles"]) or "pending")
                for r in removed]
+    report += ["%s is no longer a worker (it stays the orchestrator): its rpc-server units and firewall rules are "
+               "removed; its user and weight cache stay (playbooks/teardown.yml takes them)" % r["name"]
+               for r in left_roles if "worker" in r["roles"]]
     record = {"schema": RECORD_SCHEMA, "collection_version": COLLECTION_VERSION, "hosts": current}
-    return {"path": path, "record": record, "added": added, "removed": removed, "report": report}
+    return {"path": path, "record": record, "added": added, "removed": removed, "left_roles": left_roles,
+            "report": report}
+
+
+def orchestrator_moved_problem(changes: Mapping[str, Any]) -> str:
+    """Why this deploy must not go on: a host that stays in the fleet but is no longer the orchestrator (its
+    llama-server, gate and edge would go on serving the old plan there), or ``""``."""
+    moved = [r for r in changes.get("left_roles") or [] if "orchestrator" in r["roles"]]
+    if not moved:
+        return ""
+    names = ",".join(r["name"] for r in moved)
+    return ("%s was the orchestrator of the last deploy and stays in the fleet as %s: its llama-server, gate and edge "
+            "would go on serving the old plan there. Moving the orchestrator takes two runs: playbooks/teardown.yml "
+            "-l %s first (users, caches and builds stay), then this deploy. Nothing was changed."
+            % (" and ".join(r["name"] for r in moved), " and ".join(moved[0]["stays"]), names))
 
 
 def with_pending(record: Mapping[str, Any], removed: Iterable[Mapping[str, Any]],
-                 unreached: Iterable[str]) -> dict[str, Any]:
-    """``record`` with the removed hosts that could not be reached kept, marked pending."""
+                 unreached: Iterable[str], left_roles: Iterable[Mapping[str, Any]] = (),
+                 not_run: Iterable[str] = ()) -> dict[str, Any]:
+    """``record`` with the removed hosts that could not be reached kept, marked pending, and the hosts of
+    ``left_roles`` that this run left out (``not_run``: a ``--limit``) still recorded with the roles they left, so
+    that the next deploy takes those roles off them."""
     out = {**record, "hosts": dict(record.get("hosts") or {})}
     missing = set(unreached)
     for entry in removed:
         if entry["name"] in missing:
             out["hosts"][entry["name"]] = {"roles": list(entry.get("roles") or []), "pending_removal": True,
                                            "connection": dict(entry.get("connection") or {})}
+    skipped = set(not_run)
+    for entry in left_roles:
+        host = out["hosts"].get(entry["name"])
+        if entry["name"] in skipped and host is not None:
+            roles = list(host.get("roles") or [])
+            out["hosts"][entry["name"]] = {**host, "roles": roles + [r for r in entry["roles"] if r not in roles]}
     return out

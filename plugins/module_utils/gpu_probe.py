@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
+from .atomic_file import read_text
 from .gpu_devices import (
     GGML_PREFIX,
     ParseError,
@@ -50,8 +51,7 @@ ReadText = Callable[[str], Optional[str]]              # file path -> text, or N
 def read_text_file(path: str) -> str | None:
     """A file's text (undecodable bytes replaced), or None when it cannot be read: a real host's ReadText."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
+        return read_text(path)
     except OSError:
         return None
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 import re
 
+from .atomic_file import read_text
+
 RPC_SOURCE = "ggml/src/ggml-rpc/ggml-rpc.cpp"
 RPC_HEADER = "ggml/include/ggml-rpc.h"
 
@@ -72,14 +74,6 @@ def parse_rpc_proto_major(rpc_header: str) -> int | None:
     return int(match.group(1))
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-    except FileNotFoundError:
-        return None
-
-
 def read_source_facts(src: str) -> dict:
     """``{rpc_hash_threshold, rpc_protocol}`` of the llama.cpp tree at ``src`` (None for what it lacks).
 
@@ -92,7 +86,7 @@ def read_source_facts(src: str) -> dict:
     for key, relative, parse in (("rpc_hash_threshold", RPC_SOURCE, parse_hash_threshold),
                                  ("rpc_protocol", RPC_HEADER, parse_rpc_proto_major)):
         path = os.path.join(src, relative)
-        text = _read(path)
+        text = read_text(path)
         try:
             facts[key] = None if text is None else parse(text)
         except SourceFactsError as exc:

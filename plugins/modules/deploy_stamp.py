@@ -93,7 +93,7 @@ import urllib.error
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
 
-from ansible_collections.llamafleet.cluster.plugins.module_utils.atomic_file import write_json_atomic
+from ansible_collections.llamafleet.cluster.plugins.module_utils.atomic_file import read_text, write_json_atomic
 from ansible_collections.llamafleet.cluster.plugins.module_utils.constants import DEPLOYMENT_RECORD_PATH, STAMP_PATH
 from ansible_collections.llamafleet.cluster.plugins.module_utils.deploy_stamp import (
     UNIT_PROPERTIES,
@@ -124,8 +124,7 @@ def read_json(path):
 
 def read_record():
     try:
-        with open(DEPLOYMENT_RECORD_PATH, encoding="utf-8", errors="replace") as handle:
-            return parse(handle.read(), DEPLOYMENT_RECORD_PATH)
+        return parse(read_text(DEPLOYMENT_RECORD_PATH) or "", DEPLOYMENT_RECORD_PATH)
     except (OSError, RecordError):
         return {}
 

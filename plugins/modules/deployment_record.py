@@ -68,6 +68,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.llamafleet.cluster.plugins.module_utils.atomic_file import read_text
 from ansible_collections.llamafleet.cluster.plugins.module_utils.constants import DEPLOYMENT_RECORD_PATH
 from ansible_collections.llamafleet.cluster.plugins.module_utils.deployment_record import (
     SECTIONS,
@@ -92,20 +93,17 @@ def main() -> None:
         supports_check_mode=True,
     )
     path, section = module.params["path"], module.params["section"]
-    text, before = "", None
-    if os.path.exists(path):
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            text = before = handle.read()
+    before = read_text(path)
     try:
-        record = with_section(parse(text, path), section,
+        record = with_section(parse(before or "", path), section,
                               module.params["data"] if module.params["state"] == "present" else None,
                               module.params["collection_version"])
     except RecordError as exc:
         module.fail_json(msg=str(exc))
     result = {"changed": False, "record": record}
     if not record["sections"]:
-        if os.path.exists(path):
-            result.update(changed=True, diff={"before": text, "after": "", "before_header": path,
+        if before is not None:
+            result.update(changed=True, diff={"before": before, "after": "", "before_header": path,
                                               "after_header": "%s (absent)" % path})
             if not module.check_mode:
                 os.unlink(path)

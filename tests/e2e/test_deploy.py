@@ -448,6 +448,36 @@ def test_no_workers_fails_before_any_change(quiet_runs, missing):
     assert_failed_before_any_change(quiet_runs["no-workers-" + ("missing" if missing else "empty")])
 
 
+@quiet("orchestrator-moved")
+def _orchestrator_moved(work: Path) -> BadRun:
+    """lab2 the orchestrator and lab1 a worker, against the lab's controller record (lab1 its orchestrator): lab1
+    would go on serving the old plan, so the preflight stops before any change and names the teardown to run."""
+    lines = INVENTORY.read_text().splitlines()
+    hosts = {line.split()[0]: line for line in lines if line.startswith(("lab1 ", "lab2 "))}
+    lines = [hosts["lab1"] if line == hosts["lab2"] else hosts["lab2"] if line == hosts["lab1"] else line
+             for line in lines]
+    record = INVENTORY.parent / ".llamafleet" / "deployment.json"
+    return _bad_deploy(["-e", f"llamafleet_controller_record={record}"],
+                       ("lab1 was the orchestrator of the last deploy and stays in the fleet as worker",
+                        "playbooks/teardown.yml -l lab1 first"), inventory_variant(work, lines))
+
+
+def test_an_orchestrator_moved_within_the_fleet_is_refused_before_any_change(quiet_runs):
+    assert_failed_before_any_change(quiet_runs["orchestrator-moved"])
+
+
+@quiet("limit-one-worker")
+def _limit_one_worker(work: Path) -> PlaybookRun:
+    return playbook("deploy.yml", "--check", "--limit", "lab3")
+
+
+def test_a_deploy_limited_to_one_worker_leaves_the_others_in_the_fleet(quiet_runs):
+    """--limit lab3: lab1 and lab2 are out of the run, not out of the fleet (nothing reported or torn down)."""
+    run = quiet_runs["limit-one-worker"]
+    assert run.rc == 0 and run.changed == 0, run.output[-6000:]
+    assert "left the fleet" not in run.output and "joined the fleet" not in run.output, run.output[-6000:]
+
+
 @quiet("election")
 def _election(work: Path) -> PlaybookRun:
     """No llamafleet_orchestrator group: the deterministic election (most GPU memory, then name) picks one."""

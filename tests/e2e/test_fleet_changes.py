@@ -1,9 +1,10 @@
 """A worker leaves the inventory, then comes back: deploy re-plans, reports, and restarts only the orchestrator.
 
-Removing lab3 from the inventory and deploying: the orchestrator re-plans over lab2 alone and serves, lab3's
-llamafleet units are stopped and removed (its users, caches and builds stay), the removal is reported, and
-lab2's rpc-server keeps running untouched. Putting lab3 back: it is deployed again, the plan spans both workers,
-and again only llama-server restarts.
+Removing lab3 from the inventory and making the orchestrator lab1 a worker too, in one deploy: the orchestrator
+re-plans over lab2 and its own rpc-server and serves, lab3's llamafleet units are stopped and removed (its users,
+caches and builds stay), the removal is reported, and lab2's rpc-server keeps running untouched. Putting lab3 back
+and lab1 back to orchestrator only: lab3 is deployed again, lab1's rpc-server units and firewall go (reported), the
+plan spans lab2 and lab3, and again only llama-server restarts.
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ def test_a_worker_removed_then_added_back(deployed, fleet, tmp_path):
     llama = invocation(fleet, "lab1", constants.LLAMA_SERVER_UNIT)
     assert lab2_rpc and llama
 
-    # the same inventory without lab3, beside it so that its group_vars apply
+    # the same inventory without lab3 and with lab1 a worker too, beside it so that its group_vars (and the
+    # controller's record) are the same
     without = INVENTORY.parent / "hosts-without-lab3.ini"
-    without.write_text("".join(line for line in INVENTORY.read_text().splitlines(keepends=True)
-                               if not line.startswith("lab3 ")))
+    lines = [line for line in INVENTORY.read_text().splitlines() if not line.startswith("lab3 ")]
+    lines.insert(lines.index("[llamafleet_workers]") + 1, "lab1")
+    without.write_text("\n".join(lines) + "\n")
     try:
         run = playbook("deploy.yml", inventory=without, timeout=1800)
     finally:
@@ -44,24 +47,40 @@ def test_a_worker_removed_then_added_back(deployed, fleet, tmp_path):
     assert invocation(fleet, "lab1", constants.LLAMA_SERVER_UNIT) != llama
     plan = read_plan(fleet)
     assert {d["host"] for d in plan["devices"] if d.get("host")} <= {"lab2", "lab1"}
+    lab1 = fleet.hosts["lab1"]
+    assert any((d.get("endpoint") or "").startswith(lab1.cluster_address + ":") for d in plan["devices"]), plan
+    assert fleet.run_one(f"systemctl is-active {constants.RPC_SERVER_UNIT}", lab1).strip() == "active"
     assert Endpoint.of(fleet).complete("The capital of France is", n_predict=8)["content"]
     record = json.loads(RECORD.read_text())
-    assert sorted(record["hosts"]) == ["lab1", "lab2"]
+    roles = {name: host["roles"] for name, host in record["hosts"].items()}
+    assert roles == {"lab1": ["orchestrator", "worker"], "lab2": ["worker"]}
 
     llama = invocation(fleet, "lab1", constants.LLAMA_SERVER_UNIT)
     back = playbook("deploy.yml", timeout=1800)
     assert back.rc == 0, back.output[-8000:]
     assert "lab3 joined the fleet as worker" in back.output
+    assert "lab1 is no longer a worker (it stays the orchestrator)" in back.output, back.output[-6000:]
     assert constants.RPC_SERVER_UNIT in unit_files(fleet, "lab3")
+    assert not [name for name in unit_files(fleet, "lab1") if name.startswith(constants.RPC_UNIT_PREFIX)]
+    assert constants.LLAMA_SERVER_UNIT in unit_files(fleet, "lab1")
+    assert fleet.run_one(f"systemctl list-units --all --plain --no-legend '{constants.RPC_UNIT_PREFIX}*'; "
+                         f"nft list table {constants.RPC_FIREWALL_TABLE} 2>/dev/null || true", lab1).strip() == "", \
+        "lab1 still runs a worker's unit or firewall"
+    sections = json.loads(fleet.run_one(f"cat {constants.DEPLOYMENT_RECORD_PATH}", lab1))["sections"]
+    assert "rpc_server" not in sections and "llama_server" in sections, sorted(sections)
     assert invocation(fleet, "lab2", constants.RPC_SERVER_UNIT) == lab2_rpc, "lab2's rpc-server was restarted"
     assert invocation(fleet, "lab1", constants.LLAMA_SERVER_UNIT) != llama
     assert "lab3" in {d.get("host") for d in read_plan(fleet)["devices"]}
+    assert not any((d.get("endpoint") or "").startswith(lab1.cluster_address + ":")
+                   for d in read_plan(fleet)["devices"])
     assert Endpoint.of(fleet).complete("The capital of France is", n_predict=8)["content"]
-    assert sorted(json.loads(RECORD.read_text())["hosts"]) == ["lab1", "lab2", "lab3"]
+    assert {name: host["roles"] for name, host in json.loads(RECORD.read_text())["hosts"].items()} == {
+        "lab1": ["orchestrator"], "lab2": ["worker"], "lab3": ["worker"]}
     # and a deploy of the same fleet changes nothing and reports nothing
     again = playbook("deploy.yml", timeout=1800)
     assert again.rc == 0 and again.changed == 0, again.recap
     assert "joined the fleet as" not in again.output and "left the fleet (it was" not in again.output
+    assert "is no longer a worker" not in again.output
 
 
 def test_switching_to_one_rpc_server_per_device_and_back_leaves_no_stale_unit(deployed, fleet):

@@ -28,6 +28,18 @@ def test_units_from_find_results() -> None:
     assert FILTERS["teardown_units"](found) == ["llamafleet-plan-switch.path", "llamafleet-gate.service"]
 
 
+def test_units_of_one_prefix() -> None:
+    """A host that is no longer a worker (playbooks/_fleet_changes.yml): its rpc-server units, the timer first."""
+    found = [f"/etc/systemd/system/{name}" for name in (
+        "llamafleet-llama-server.service", "llamafleet-gate.service", "llamafleet-rpc-server.service",
+        "llamafleet-rpc-guard.service", "llamafleet-rpc-metrics.timer", "llamafleet-rpc-metrics.service")]
+    assert FILTERS["teardown_units"](found, "llamafleet-rpc-") == [
+        "llamafleet-rpc-metrics.timer", "llamafleet-rpc-guard.service", "llamafleet-rpc-metrics.service",
+        "llamafleet-rpc-server.service"]
+    with pytest.raises(AnsibleFilterError, match="teardown_units: the prefix must start with 'llamafleet-'"):
+        FILTERS["teardown_units"](found, "rpc-")
+
+
 @pytest.mark.parametrize(("name", "value"), [
     ("teardown_units", "/etc/systemd/system/llamafleet-gate.service"),
     ("teardown_units", None),

@@ -8,6 +8,7 @@ from llamafleet.core.fleet_changes import (
     RECORD_SCHEMA,
     FleetRecordError,
     fleet_changes,
+    orchestrator_moved_problem,
     with_pending,
 )
 
@@ -50,7 +51,8 @@ def test_added_and_removed(last, hosts, groups, added, removed):
     changes = fleet_changes(last, hosts, HOSTVARS, groups, PATH)
     assert changes["added"] == added
     assert [r["name"] for r in changes["removed"]] == removed
-    assert len(changes["report"]) == len(added) + len(removed)
+    fleet_lines = [line for line in changes["report"] if " the fleet" in line]
+    assert len(fleet_lines) == len(added) + len(removed), changes["report"]
     for r in changes["removed"]:  # reached as the last deploy reached it
         assert r["connection"] == last["hosts"][r["name"]]["connection"] and r["roles"] == ["worker"]
         assert any(line.startswith("%s left the fleet (it was worker)" % r["name"]) for line in changes["report"])
@@ -75,3 +77,45 @@ def test_an_unreached_host_stays_pending_and_goes_once_reached():
 def test_bad_records_name_the_file(last, message):
     with pytest.raises(FleetRecordError, match="^%s .*%s" % (PATH, message)):
         fleet_changes(last, ["lab1"], HOSTVARS, GROUPS, PATH)
+
+
+def test_a_host_that_leaves_the_workers_but_stays_the_orchestrator():
+    """lab1 was orchestrator and worker; now only orchestrator: its worker role goes (reported), nothing else."""
+    last = record_of(lab1=["orchestrator", "worker"], lab2=["worker"], lab3=["worker"])
+    changes = fleet_changes(last, ["lab1", "lab2", "lab3"], HOSTVARS, GROUPS, PATH)
+    assert (changes["added"], changes["removed"]) == ([], [])
+    assert changes["left_roles"] == [{"name": "lab1", "roles": ["worker"], "stays": ["orchestrator"]}]
+    assert changes["report"] == ["lab1 is no longer a worker (it stays the orchestrator): its rpc-server units and "
+                                 "firewall rules are removed; its user and weight cache stay (playbooks/teardown.yml "
+                                 "takes them)"]
+    assert changes["record"]["hosts"]["lab1"]["roles"] == ["orchestrator"]
+    assert orchestrator_moved_problem(changes) == ""
+
+
+def test_an_orchestrator_that_stays_as_a_worker_stops_the_deploy():
+    """The orchestrator moved from lab1 to lab3 and lab1 stays a worker: the preflight's message names lab1 and the
+    teardown to run first. A first deploy (no record) and an orchestrator that left the fleet are no problem."""
+    last = record_of(lab1=["orchestrator"], lab2=["worker"], lab3=["worker"])
+    moved = {"llamafleet_orchestrator": ["lab3"], "llamafleet_workers": ["lab1", "lab2"]}
+    changes = fleet_changes(last, ["lab1", "lab2", "lab3"], HOSTVARS, moved, PATH)
+    assert changes["left_roles"] == [{"name": "lab1", "roles": ["orchestrator"], "stays": ["worker"]},
+                                     {"name": "lab3", "roles": ["worker"], "stays": ["orchestrator"]}]
+    assert orchestrator_moved_problem(changes) == (
+        "lab1 was the orchestrator of the last deploy and stays in the fleet as worker: its llama-server, gate and "
+        "edge would go on serving the old plan there. Moving the orchestrator takes two runs: playbooks/teardown.yml "
+        "-l lab1 first (users, caches and builds stay), then this deploy. Nothing was changed.")
+    assert orchestrator_moved_problem(fleet_changes({}, ["lab1", "lab2", "lab3"], HOSTVARS, moved, PATH)) == ""
+    gone = {"llamafleet_orchestrator": ["lab3"], "llamafleet_workers": ["lab2"]}
+    left = fleet_changes(last, ["lab2", "lab3"], HOSTVARS, gone, PATH)
+    assert [r["name"] for r in left["removed"]] == ["lab1"] and orchestrator_moved_problem(left) == ""
+
+
+def test_a_host_left_out_by_limit_keeps_the_role_it_left_for_the_next_deploy():
+    last = record_of(lab1=["orchestrator", "worker"], lab2=["worker"], lab3=["worker"])
+    changes = fleet_changes(last, ["lab1", "lab2", "lab3"], HOSTVARS, GROUPS, PATH)
+    assert with_pending(changes["record"], [], [], changes["left_roles"], [])["hosts"]["lab1"]["roles"] == [
+        "orchestrator"]
+    kept = with_pending(changes["record"], [], [], changes["left_roles"], ["lab1"])
+    assert kept["hosts"]["lab1"]["roles"] == ["orchestrator", "worker"]
+    assert fleet_changes(kept, ["lab1", "lab2", "lab3"], HOSTVARS, GROUPS, PATH)["left_roles"] == [
+        {"name": "lab1", "roles": ["worker"], "stays": ["orchestrator"]}]
