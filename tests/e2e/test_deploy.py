@@ -34,6 +34,7 @@ from tests.e2e.quiet import after_batch, once, quiet
 from tests.helpers import (EVERY_TASK, FIT_CHECK_TASK, INVENTORY, MODEL_PLAY, REPO, PlaybookRun, inventory_variant,
                            listeners, playbook)
 
+
 def test_first_deploy_serves(deployed, fleet):
     assert deployed.failed == 0
     endpoint = Endpoint.of(fleet)
@@ -135,6 +136,44 @@ def test_api_needs_the_generated_key_except_health(deployed, fleet):
 
 # every task runs, whatever the stamps say: the roles' own idempotence (test_a_deploy_with_nothing_to_change_...
 # takes the stamps' way)
+def test_a_deploy_with_nothing_to_change_skips_the_roles_and_one_with_drift_converges(deployed, fleet):
+    """A whole deploy stamps every host. The next one finds every host in sync and leaves the preflight and the roles
+    out, restarting nothing. A unit file edited on one worker, a unit stopped on the other and a changed variable (one
+    no role reads) in the same deploy are all named, and it converges every host and puts both right. The next plain
+    deploy converges again (its inputs changed back), the one after is in sync."""
+    # before the quiet batch (whose runs on other inputs re-stamp), so this first deploy finds the first deploy's
+    # stamps in sync and takes seconds; it stamps anyway whatever an earlier failure left
+    first = playbook("deploy.yml")
+    assert first.rc == 0 and first.changed == 0, first.output[-6000:]
+    with nothing_changes(fleet):
+        started = time.monotonic()
+        run = playbook("deploy.yml")
+        seconds = time.monotonic() - started
+    assert run.rc == 0 and run.recap and run.changed == 0, run.output[-6000:]
+    assert deploy_said(run).startswith(IN_SYNC), run.output[-4000:]
+    assert "TASK [llamafleet.cluster." not in run.output, "a role ran on a fleet in sync"
+    print(f"no-change deploy, the stamps' way: {seconds:.1f} s")
+
+    edited, stopped = fleet.workers[0], fleet.workers[-1]
+    fleet.run_one(f"echo '# edited by hand' >> {STAMPED_UNIT}", edited)
+    fleet.run_one(f"systemctl stop {constants.RPC_GUARD_UNIT}", stopped)
+    assert fleet.run_one(f"systemctl is-active {constants.RPC_GUARD_UNIT} || true", stopped).strip() == "inactive"
+    # a variable no role reads still changes the inputs: the stamps' way errs on the side of converging
+    run = playbook("deploy.yml", "-e", "e2e_stamp_marker=1")
+    assert run.rc == 0 and run.changed > 0, run.output[-6000:]
+    said = deploy_said(run)
+    assert said.startswith("Converging every host. The deploy's inputs changed"), said
+    assert f"{edited.name}: {STAMPED_UNIT} changed" in said, said
+    assert f"{stopped.name}: {constants.RPC_GUARD_UNIT}: ActiveState inactive" in said, said
+    assert "edited by hand" not in fleet.run_one(f"cat {STAMPED_UNIT}", edited)
+    assert fleet.run_one(f"systemctl is-active {constants.RPC_GUARD_UNIT}", stopped).strip() == "active"
+
+    run = playbook("deploy.yml")
+    assert run.rc == 0 and deploy_said(run).startswith("Converging every host. The deploy's inputs changed")
+    run = playbook("deploy.yml")
+    assert run.rc == 0 and run.changed == 0 and deploy_said(run).startswith(IN_SYNC), run.output[-4000:]
+
+
 @quiet("second-deploy")
 def _second_deploy(work: Path) -> PlaybookRun:
     return playbook("deploy.yml", *EVERY_TASK)
@@ -164,42 +203,6 @@ def deploy_said(run: PlaybookRun) -> str:
     assert found, run.output[-4000:]
     said = " ".join(found.group(1).split())
     return said[1:-1].replace("''", "'") if said[:1] == "'" else said
-
-
-def test_a_deploy_with_nothing_to_change_skips_the_roles_and_one_with_drift_converges(deployed, fleet):
-    """A whole deploy stamps every host. The next one finds every host in sync and leaves the preflight and the roles
-    out, restarting nothing. A unit file edited on one worker, a unit stopped on the other and a changed variable (one
-    no role reads) in the same deploy are all named, and it converges every host and puts both right. The next plain
-    deploy converges again (its inputs changed back), the one after is in sync."""
-    first = playbook("deploy.yml")  # the quiet batch's runs may have left other stamps (or none)
-    assert first.rc == 0 and first.changed == 0, first.output[-6000:]
-    with nothing_changes(fleet):
-        started = time.monotonic()
-        run = playbook("deploy.yml")
-        seconds = time.monotonic() - started
-    assert run.rc == 0 and run.recap and run.changed == 0, run.output[-6000:]
-    assert deploy_said(run).startswith(IN_SYNC), run.output[-4000:]
-    assert "TASK [llamafleet.cluster." not in run.output, "a role ran on a fleet in sync"
-    print(f"no-change deploy, the stamps' way: {seconds:.1f} s")
-
-    edited, stopped = fleet.workers[0], fleet.workers[-1]
-    fleet.run_one(f"echo '# edited by hand' >> {STAMPED_UNIT}", edited)
-    fleet.run_one(f"systemctl stop {constants.RPC_GUARD_UNIT}", stopped)
-    assert fleet.run_one(f"systemctl is-active {constants.RPC_GUARD_UNIT} || true", stopped).strip() == "inactive"
-    # a variable no role reads still changes the inputs: the stamps' way errs on the side of converging
-    run = playbook("deploy.yml", "-e", "e2e_stamp_marker=1")
-    assert run.rc == 0 and run.changed > 0, run.output[-6000:]
-    said = deploy_said(run)
-    assert said.startswith("Converging every host. The deploy's inputs changed"), said
-    assert f"{edited.name}: {STAMPED_UNIT} changed" in said, said
-    assert f"{stopped.name}: {constants.RPC_GUARD_UNIT}: ActiveState inactive" in said, said
-    assert "edited by hand" not in fleet.run_one(f"cat {STAMPED_UNIT}", edited)
-    assert fleet.run_one(f"systemctl is-active {constants.RPC_GUARD_UNIT}", stopped).strip() == "active"
-
-    run = playbook("deploy.yml")
-    assert run.rc == 0 and deploy_said(run).startswith("Converging every host. The deploy's inputs changed")
-    run = playbook("deploy.yml")
-    assert run.rc == 0 and run.changed == 0 and deploy_said(run).startswith(IN_SYNC), run.output[-4000:]
 
 
 def test_check_diff_on_converged_fleet_reports_no_change(quiet_runs):
