@@ -23,7 +23,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 DEBIAN_PACKAGES := systemd-container debootstrap openssh-client iproute2 ccache curl rsync gcc make git haproxy
 
-.PHONY: help demo test check deps venv lint sanity unit unit-data unit-timing unit-untimed unit-workers min-ansible-test lab-test e2e-test separate-e2e-test bench-builds-test big-model-test partition-test llamacpp-local-test molecule-test bench clean-lab
+.PHONY: help demo test check deps venv lint sanity unit unit-data unit-timing unit-workers min-ansible-test lab-test e2e-test separate-e2e-test bench-builds-test big-model-test partition-test llamacpp-local-test molecule-test bench clean-lab
 
 help:
 	@echo "make demo   - real 3-host lab on this machine, deploy, a completion from the distributed cluster"
@@ -63,7 +63,7 @@ unit-data: venv
 	@start=$$(date +%s); $(BIN)/python -m llamafleet.lab.fetch model source >/dev/null && \
 	  echo "    ready in $$(( $$(date +%s) - start )) s"
 
-# Every unit test in one process (make test and make check split them: below).
+# make test: every unit test in one process, beside the lab stages.
 unit: unit-data
 	@echo "==> unit tests"
 	@$(BIN)/pytest -q -p no:xdist tests/unit
@@ -79,11 +79,6 @@ UNIT_WORKERS ?= 2
 unit-timing: unit-data
 	@echo "==> unit tests with wall-clock bounds (marker timing)"
 	@PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -q -p no:xdist -m timing tests/unit
-
-# make test: the others in one process, beside the lab stages (the timing ones ran first, alone: see LAB_STAGES)
-unit-untimed: unit-data
-	@echo "==> the other unit tests (no wall-clock bounds)"
-	@PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -q -p no:xdist -m "not timing" tests/unit
 
 unit-workers: unit-data
 	@echo "==> the other unit tests, on $(UNIT_WORKERS) workers"
@@ -174,14 +169,11 @@ molecule-test: venv
 
 # make test runs these stages in order and prints the time of each as it ends, and a table at the end;
 # make check is its fast tier, for the inner loop.
-# make test: first the unit tests with wall-clock bounds, alone (about a minute: beside the lab stages, which keep both
-# cores busy, the bench proxy's rate cap once measured its own starving and failed), then the lab stages in order, and
-# beside them (at the same time: they need no lab and no llama.cpp build) the other unit tests, the rest of the fast
-# tier and the lowest ansible-core's check.
-TEST_FIRST    := unit-timing
+# make test: the lab stages in order, and beside them (at the same time: they need no lab and no llama.cpp build)
+# the fast tier and the lowest ansible-core's check.
 LAB_STAGES    := lab-test e2e-test llamacpp-local-test molecule-test
-BESIDE_STAGES := unit-untimed lint sanity min-ansible-test
-# of those, the ones at nice 19 (the other unit tests keep their normal priority: some wait on servers and timeouts)
+BESIDE_STAGES := unit lint sanity min-ansible-test
+# of those, the ones at nice 19 (the unit stage has timing-sensitive tests: it keeps its normal priority)
 NICE_STAGES   := lint sanity min-ansible-test
 # make check: first the unit tests with wall-clock bounds alone, then the others on two workers and beside them lint
 # then sanity, which take the time the workers wait on the tests' sleeps, timeouts and servers. Not niced: with
@@ -191,7 +183,7 @@ CHECK_STAGES  := unit-workers
 CHECK_BESIDE  := lint sanity
 
 test: venv
-	@tests/run_stages.sh $(MAKE) --first "$(TEST_FIRST)" --beside "$(BESIDE_STAGES)" --nice "$(NICE_STAGES)" $(LAB_STAGES)
+	@tests/run_stages.sh $(MAKE) --beside "$(BESIDE_STAGES)" --nice "$(NICE_STAGES)" $(LAB_STAGES)
 	@echo "==> all tests passed"
 
 check: venv

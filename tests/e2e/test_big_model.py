@@ -44,7 +44,7 @@ def test_a_context_that_fits_nowhere_is_refused_while_gemma_serves_on(big_model,
     that fetches the model and copies it to the hosts never starts."""
     started = time.monotonic()
     run = playbook("deploy.yml", "-e", f"@{big_model}", "-e", "llama_server_cache_type=f16",
-                   "-e", "llama_server_ctx_size=8192", timeout=3600, ansible_ssh=True)
+                   "-e", "llama_server_ctx_size=8192", timeout=3600)
     print(f"the big model's refusal in {time.monotonic() - started:.0f} s")
     assert run.rc != 0, run.output[-4000:]
     for text in ("on 3 devices", "short: add hosts or lower ctx_size", "per device: CPU host lab1",
@@ -61,8 +61,7 @@ def big_deploy(big_model, fleet):
     brings gemma back."""
     kills_before = oom_kills()
     started = time.monotonic()
-    # over Ansible's own ssh (helpers.env), as a user's: the 6.9 GB stream to the orchestrator and the workers' shares
-    run = playbook("deploy.yml", "-e", f"@{big_model}", timeout=3600, ansible_ssh=True)
+    run = playbook("deploy.yml", "-e", f"@{big_model}", timeout=3600)
     run.seconds = time.monotonic() - started
     return run, kills_before
 
@@ -115,6 +114,6 @@ def test_no_host_went_over_its_limit(big_deploy, fleet) -> None:
 
 
 def test_a_second_deploy_changes_nothing(big_deploy, big_model) -> None:
-    again = playbook("deploy.yml", "-e", f"@{big_model}", timeout=1800, ansible_ssh=True)
+    again = playbook("deploy.yml", "-e", f"@{big_model}", timeout=1800)
     assert again.rc == 0, again.output[-6000:]
     assert again.changed == 0, again.output[-6000:]

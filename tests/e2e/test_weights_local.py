@@ -105,7 +105,7 @@ def test_corrupt_cache_file_is_sent_again(deployed, fleet):
                     f"&& chown llamafleet-rpc: {path} && sha256sum {path}", [worker])[worker.name]
     assert res.ok, res.stderr
     corrupt = res.stdout.split()[0]
-    run = playbook("deploy.yml", ansible_ssh=True)  # the share streams over Ansible's own ssh (helpers.env)
+    run = playbook("deploy.yml")
     assert run.rc == 0, run.output[-4000:]
     after = fleet.run(f"sha256sum {path} && /opt/llamafleet/llama.cpp/current/bin/llamafleet-fnv1a64 {path} "
                       f"0:$(stat -c %s {path})", [worker])[worker.name]
@@ -127,7 +127,7 @@ def test_shared_load_sends_only_small_tensors_and_answers_the_same(deployed, fle
         stop_service(fleet)
         reset_workers(fleet, INVENTORY, None, hasher)
         # the deploy sends each worker its share again
-        run = playbook("deploy.yml", ansible_ssh=True)
+        run = playbook("deploy.yml")
         assert run.rc == 0, run.output[-4000:]
         stop_service(fleet)
         shared = run_variant(fleet, "shared", argv, runs=1, n_predict=24)
