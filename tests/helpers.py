@@ -24,33 +24,12 @@ FIT_CHECK_TASK = ("TASK [llamafleet.cluster.llama_server : Check the model fits 
 MODEL_PLAY = "PLAY [Fetch the model]"
 
 
-def mitogen_strategies() -> Path:
-    """The folder of Mitogen's strategy plugins (PyPI mitogen, pinned in requirements/lock.txt): a missing one fails
-    the tests that drive the lab, it is never left out quietly."""
-    import ansible_mitogen
-
-    return Path(ansible_mitogen.__file__).parent / "plugins" / "strategy"
-
-
-def env(*, ansible_ssh: bool = False) -> dict[str, str]:
-    """The environment of the lab's ansible-playbook runs (and of the CLI, which starts some).
-
-    They run under Mitogen's strategy (``mitogen_linear``: one Python kept on each host for the run, modules run in
-    it, over ssh), about three quarters of the time of Ansible's own ssh connection on this 2-core machine, which the
-    suite's ~90 playbook runs spend mostly starting modules (README, "Test times"). ``ansible_ssh=True``: Ansible's
-    own ssh connection, what a user gets from ansible.cfg, for the runs that must take that path (the first deploys,
-    which stream the model and the shares over it; the lowest ansible-core, which has no Mitogen)."""
+def env() -> dict[str, str]:
     e = dict(os.environ)
     e["ANSIBLE_CONFIG"] = str(REPO / "ansible.cfg")
     e["PATH"] = f"{BIN}:{e.get('PATH', '')}"
     e.setdefault("ANSIBLE_FORCE_COLOR", "0")
     e["ANSIBLE_NOCOLOR"] = "1"
-    if ansible_ssh:
-        e.pop("ANSIBLE_STRATEGY", None)
-        e.pop("ANSIBLE_STRATEGY_PLUGINS", None)
-    else:
-        e["ANSIBLE_STRATEGY_PLUGINS"] = str(mitogen_strategies())
-        e["ANSIBLE_STRATEGY"] = "mitogen_linear"
     return e
 
 
@@ -101,17 +80,13 @@ def parse_recap(output: str) -> dict[str, dict[str, int]]:
     return recap
 
 
-def playbook(name: str, *args: str, timeout: float = 3600, inventory: Path = INVENTORY,
-             ansible_ssh: bool = False) -> PlaybookRun:
-    """ansible-playbook ``name`` with ``args`` on the lab (under Mitogen's strategy unless ``ansible_ssh``: see
-    :func:`env`)."""
+def playbook(name: str, *args: str, timeout: float = 3600, inventory: Path = INVENTORY) -> PlaybookRun:
     cmd = [str(BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "playbooks" / name), *args]
     started = time.monotonic()
-    proc = subprocess.run(cmd, cwd=REPO, env=env(ansible_ssh=ansible_ssh), capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout, check=False)
     out = proc.stdout + proc.stderr
     run = PlaybookRun(proc.returncode, out, parse_recap(proc.stdout))
-    _log_run(name, (*args, "[ansible ssh]") if ansible_ssh else args, time.monotonic() - started, run)
+    _log_run(name, args, time.monotonic() - started, run)
     return run
 
 

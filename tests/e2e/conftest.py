@@ -108,8 +108,7 @@ def deployed(lab):
     (bare hosts, deployed from here); on a lab that already has that shape it changes nothing."""
     started = time.monotonic()
     cli("lab", "up", "--hosts", "3", timeout=1200)
-    # over Ansible's own ssh, as a user's: the model and every worker's share stream over it (helpers.env)
-    run = playbook("deploy.yml", timeout=5400, ansible_ssh=True)
+    run = playbook("deploy.yml", timeout=5400)
     run.seconds = time.monotonic() - started
     assert run.rc == 0, f"deploy.yml failed:\n{run.output[-8000:]}"
     return run

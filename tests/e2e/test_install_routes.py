@@ -35,9 +35,8 @@ NOT_IN_TARBALL = re.compile(r"^(tests/(e2e|integration|unit)/|extensions/|llamaf
 
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment of a user with only a virtual environment active: no ANSIBLE_CONFIG, no make's exports but
-    the controller's cache (the same user's: the models it fetched before are there, as the deploys' own), Ansible's
-    own ssh connection."""
-    e = {k: v for k, v in env(ansible_ssh=True).items()
+    the controller's cache (the same user's: the models it fetched before are there, as the deploys' own)."""
+    e = {k: v for k, v in env().items()
          if k == "LLAMAFLEET_CACHE" or not k.startswith(("ANSIBLE_CONFIG", "ANSIBLE_COLLECTIONS", "LLAMAFLEET_"))}
     e.update(extra)
     return e

@@ -26,7 +26,7 @@ def _deploy_on_the_lowest(work: Path) -> tuple[str, subprocess.CompletedProcess]
                              check=True).stdout
     return version, subprocess.run(
         [str(bin_dir / "ansible-playbook"), "-i", str(INVENTORY), str(REPO / "playbooks" / "deploy.yml"), *EVERY_TASK],
-        cwd=REPO, env=env(ansible_ssh=True), capture_output=True, text=True, timeout=1800, check=False)
+        cwd=REPO, env=env(), capture_output=True, text=True, timeout=1800, check=False)
 
 
 def test_deploy_on_the_lowest_ansible_core_changes_nothing(quiet_runs, fleet):

@@ -43,7 +43,7 @@ BUILDINFO = "/opt/llamafleet/llama.cpp/current/BUILDINFO.json"
 def mixed(lab):
     started = time.monotonic()
     cli("lab", "up", "--hosts", "3", "--vulkan", VULKAN_HOST, *NO_MEMORY_LIMIT, timeout=1200)
-    run = playbook("deploy.yml", timeout=5400, ansible_ssh=True)  # as the deployed fixture's (tests/e2e/conftest.py)
+    run = playbook("deploy.yml", timeout=5400)
     assert run.rc == 0, f"deploy.yml on the mixed lab failed:\n{run.output[-8000:]}"
     print(f"mixed lab up and deployed: {time.monotonic() - started:.1f} s")
     return run

@@ -43,7 +43,7 @@ def ansible(pattern: str, module: str, args: str | None = None, timeout: float =
     cmd = [str(BIN / "ansible"), "-i", str(INVENTORY), pattern, "-m", module]
     if args:
         cmd += ["-a", args]
-    e = env(ansible_ssh=True) | {"ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal", "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}
+    e = env() | {"ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal", "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}
     proc = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=timeout, check=False)
     results: dict[str, tuple[str, dict]] = {}
     # The minimal callback prints "HOST | STATUS => {json}" per host, or, for commands,
