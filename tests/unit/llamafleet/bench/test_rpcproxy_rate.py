@@ -179,8 +179,10 @@ def test_the_cap_paces_the_client_to_server_stream() -> None:
     measured = server.got.steady_mbit()
     assert abs(measured - RATE_MBIT) <= 0.1 * RATE_MBIT, measured
     assert stats["rate_mbit"] == RATE_MBIT and stats["armed"] is True
-    # What the bucket's burst does not cover waited for the cap.
-    assert stats["rate_wait_ms"] >= 0.9 * 1000 * (NBYTES - rpcproxy.rate_burst(RATE_MBIT)) * 8 / (RATE_MBIT * 1e6)
+    # What the bucket's burst does not cover waited for the cap. Not all of it: while the proxy waits for a core (make
+    # test runs this beside the lab stages, which keep both busy) the bucket refills by up to a burst, which it then
+    # needs no wait for (one run there counted 341 ms of 348).
+    assert stats["rate_wait_ms"] >= 0.75 * 1000 * (NBYTES - rpcproxy.rate_burst(RATE_MBIT)) * 8 / (RATE_MBIT * 1e6)
 
 
 def test_the_cap_paces_the_server_to_client_stream() -> None:
