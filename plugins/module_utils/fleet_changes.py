@@ -18,6 +18,12 @@ from typing import Any, Iterable, Mapping
 from .constants import COLLECTION_VERSION, GROUP_ORCHESTRATOR, GROUP_WORKERS
 
 RECORD_SCHEMA = 1
+# How the report names each role, and what taking it on brings to a host that already had another.
+ROLE_WORDS = {
+    "worker": ("a worker", "an rpc-server runs there beside llama-server, and the plan counts the memory llama-server "
+                           "leaves it"),
+    "orchestrator": ("the orchestrator", "llama-server, the gate and the edge run there beside its rpc-server"),
+}
 # What the record keeps of how a host was reached (never a password).
 CONNECTION_KEYS = ("ansible_host", "ansible_port", "ansible_user", "ansible_ssh_private_key_file",
                    "ansible_ssh_common_args", "ansible_become", "ansible_become_user", "ansible_python_interpreter")
@@ -70,8 +76,9 @@ def fleet_changes(last: Any, hosts: Iterable[str], hostvars: Mapping[str, Mappin
     :param hosts: the hosts of the fleet group in the inventory, those a ``--limit`` leaves out of this run
         included (they are still in the fleet).
     :returns: ``{path, record, added, removed: [{name, connection, roles}], left_roles: [{name, roles, stays}],
-        report: [lines]}``. ``left_roles``: the hosts that stay in the fleet without a role they had (``roles``,
-        ``stays``: the roles they keep).
+        gained_roles: [{name, roles, had}], report: [lines]}``. ``left_roles``: the hosts that stay in the fleet
+        without a role they had (``roles``, ``stays``: the roles they keep); ``gained_roles``: the hosts of the last
+        deploy that keep every role they had and take another (``had``: the roles they had).
     """
     previous = check_record(last, path).get("hosts", {})
     current = {}
@@ -82,12 +89,16 @@ def fleet_changes(last: Any, hosts: Iterable[str], hostvars: Mapping[str, Mappin
     removed = [{"name": name, "roles": entry.get("roles", []), "connection": dict(entry.get("connection") or {})}
                for name, entry in sorted(previous.items()) if name not in current]
     added = sorted(name for name in current if name not in previous) if previous else []
-    left_roles = []
+    left_roles, gained_roles = [], []
     for name, entry in sorted(previous.items()):
         if name in current:
-            gone = [role for role in entry.get("roles") or [] if role not in current[name]["roles"]]
+            had = list(entry.get("roles") or [])
+            gone = [role for role in had if role not in current[name]["roles"]]
             if gone:
                 left_roles.append({"name": name, "roles": gone, "stays": list(current[name]["roles"])})
+            new = [role for role in current[name]["roles"] if role not in had]
+            if new and had and not gone:
+                gained_roles.append({"name": name, "roles": new, "had": had})
     report = ["%s joined the fleet as %s" % (name, " and ".join(current[name]["roles"])) for name in added]
     report += ["%s left the fleet (it was %s): its llamafleet units are stopped and removed; users, caches and "
                "builds stay (playbooks/teardown.yml takes them)" % (r["name"], " and ".join(r["roles"]) or "pending")
@@ -95,9 +106,18 @@ def fleet_changes(last: Any, hosts: Iterable[str], hostvars: Mapping[str, Mappin
     report += ["%s is no longer a worker (it stays the orchestrator): its rpc-server units and firewall rules are "
                "removed; its user and weight cache stay (playbooks/teardown.yml takes them)" % r["name"]
                for r in left_roles if "worker" in r["roles"]]
+    report += [gained_line(r) for r in gained_roles]
     record = {"schema": RECORD_SCHEMA, "collection_version": COLLECTION_VERSION, "hosts": current}
     return {"path": path, "record": record, "added": added, "removed": removed, "left_roles": left_roles,
-            "report": report}
+            "gained_roles": gained_roles, "report": report}
+
+
+def gained_line(gained: Mapping[str, Any]) -> str:
+    """The report's line for one of ``fleet_changes``' ``gained_roles``."""
+    return "%s is now %s too (it stays %s): %s" % (
+        gained["name"], " and ".join(ROLE_WORDS[role][0] for role in gained["roles"]),
+        " and ".join(ROLE_WORDS[role][0] for role in gained["had"]),
+        "; ".join(ROLE_WORDS[role][1] for role in gained["roles"]))
 
 
 def orchestrator_moved_problem(changes: Mapping[str, Any]) -> str:

@@ -40,6 +40,7 @@ def test_a_worker_removed_then_added_back(deployed, fleet, tmp_path):
         without.unlink()
     assert run.rc == 0, run.output[-8000:]
     assert "lab3 left the fleet (it was worker)" in run.output, run.output[-6000:]
+    assert "lab1 is now a worker too (it stays the orchestrator)" in run.output, run.output[-6000:]
     assert unit_files(fleet, "lab3") == [], "lab3 still has llamafleet units"
     assert fleet.run_one(f"test -e {constants.DEPLOYMENT_RECORD_PATH} && echo yes || echo no",
                          fleet.hosts["lab3"]).strip() == "no"
@@ -80,7 +81,7 @@ def test_a_worker_removed_then_added_back(deployed, fleet, tmp_path):
     again = playbook("deploy.yml", timeout=1800)
     assert again.rc == 0 and again.changed == 0, again.recap
     assert "joined the fleet as" not in again.output and "left the fleet (it was" not in again.output
-    assert "is no longer a worker" not in again.output
+    assert "is no longer a worker" not in again.output and " too (it stays " not in again.output
 
 
 def test_switching_to_one_rpc_server_per_device_and_back_leaves_no_stale_unit(deployed, fleet):

@@ -92,6 +92,31 @@ def test_a_host_that_leaves_the_workers_but_stays_the_orchestrator():
     assert orchestrator_moved_problem(changes) == ""
 
 
+def test_a_host_that_takes_a_second_role_is_reported_and_a_swap_is_not_a_gain():
+    """lab1, the orchestrator, becomes a worker too; lab2, a worker, becomes the orchestrator too once lab1 left: each
+    is named with what the new role brings. A host that swaps roles lost one: the other lines and the preflight's
+    refusal speak of it, not this one; a deploy of the same fleet reports nothing."""
+    last = record_of(lab1=["orchestrator"], lab2=["worker"], lab3=["worker"])
+    both = {"llamafleet_orchestrator": ["lab1"], "llamafleet_workers": ["lab1", "lab2", "lab3"]}
+    changes = fleet_changes(last, ["lab1", "lab2", "lab3"], HOSTVARS, both, PATH)
+    assert changes["gained_roles"] == [{"name": "lab1", "roles": ["worker"], "had": ["orchestrator"]}]
+    assert changes["left_roles"] == [] and orchestrator_moved_problem(changes) == ""
+    assert changes["report"] == ["lab1 is now a worker too (it stays the orchestrator): an rpc-server runs there "
+                                 "beside llama-server, and the plan counts the memory llama-server leaves it"]
+    again = fleet_changes(changes["record"], ["lab1", "lab2", "lab3"], HOSTVARS, both, PATH)
+    assert again["gained_roles"] == [] and again["report"] == []
+
+    promoted = {"llamafleet_orchestrator": ["lab2"], "llamafleet_workers": ["lab2", "lab3"]}
+    changes = fleet_changes(last, ["lab2", "lab3"], HOSTVARS, promoted, PATH)
+    assert changes["gained_roles"] == [{"name": "lab2", "roles": ["orchestrator"], "had": ["worker"]}]
+    assert changes["report"][-1] == ("lab2 is now the orchestrator too (it stays a worker): llama-server, the gate "
+                                     "and the edge run there beside its rpc-server")
+
+    swapped = {"llamafleet_orchestrator": ["lab3"], "llamafleet_workers": ["lab1", "lab2"]}
+    changes = fleet_changes(last, ["lab1", "lab2", "lab3"], HOSTVARS, swapped, PATH)
+    assert changes["gained_roles"] == [] and not any(" too (it stays " in line for line in changes["report"])
+
+
 def test_an_orchestrator_that_stays_as_a_worker_stops_the_deploy():
     """The orchestrator moved from lab1 to lab3 and lab1 stays a worker: the preflight's message names lab1 and the
     teardown to run first. A first deploy (no record) and an orchestrator that left the fleet are no problem."""
