@@ -134,8 +134,6 @@ def test_api_needs_the_generated_key_except_health(deployed, fleet):
     assert _status(endpoint.url + "/metrics", endpoint.api_key) == 200
 
 
-# every task runs, whatever the stamps say: the roles' own idempotence (test_a_deploy_with_nothing_to_change_...
-# takes the stamps' way)
 def test_a_deploy_with_nothing_to_change_skips_the_roles_and_one_with_drift_converges(deployed, fleet):
     """A whole deploy stamps every host. The next one finds every host in sync and leaves the preflight and the roles
     out, restarting nothing. A unit file edited on one worker, a unit stopped on the other and a changed variable (one
@@ -174,6 +172,8 @@ def test_a_deploy_with_nothing_to_change_skips_the_roles_and_one_with_drift_conv
     assert run.rc == 0 and run.changed == 0 and deploy_said(run).startswith(IN_SYNC), run.output[-4000:]
 
 
+# every task runs, whatever the stamps say: the roles' own idempotence (test_a_deploy_with_nothing_to_change_...
+# takes the stamps' way)
 @quiet("second-deploy")
 def _second_deploy(work: Path) -> PlaybookRun:
     return playbook("deploy.yml", *EVERY_TASK)
