@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from . import host_bytecode
 from .net import GATEWAY, SUBNET, LabHost
 from .system import LabError, current_mounts, remove_tree, run
 
@@ -431,10 +432,15 @@ def provision_host(
     """Give a freshly mounted host root its identity; return its SSH public host keys by type.
 
     Identity means: hostname, machine id, SSH host keys, address, /etc/hosts,
-    root's authorized key, and the apt proxy; and the network sysctl defaults (NET_SYSCTL_UNIT).
+    root's authorized key, and the apt proxy; and the network sysctl defaults (NET_SYSCTL_UNIT), and the bytecode
+    cache for Ansible's module payloads (:mod:`llamafleet.lab.host_bytecode`).
     A ``vulkan`` host also gets :data:`SECOND_LAVAPIPE_ICD`.
     """
     etc = root / "etc"
+    for path, text in host_bytecode.host_files().items():
+        target = root / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
     if kind == "vulkan":
         second = root / SECOND_LAVAPIPE_ICD.lstrip("/")
         second.parent.mkdir(parents=True, exist_ok=True)
