@@ -36,18 +36,18 @@ def _store(directory: str, path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` at once (a temporary file renamed), as root only; any failure leaves no file."""
     if os.geteuid() != 0:
         return
+    temporary = f"{path}.{os.getpid()}.tmp"
     try:
         os.makedirs(directory, mode=0o755, exist_ok=True)
         if not _trusted(directory):
             return
-        temporary = f"{path}.{os.getpid()}.tmp"
         with open(temporary, "wb") as handle:
             handle.write(data)
         os.replace(temporary, path)
     except OSError:
         try:
             os.unlink(temporary)
-        except (OSError, UnboundLocalError):
+        except OSError:
             pass
 
 
